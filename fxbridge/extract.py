@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,7 +62,6 @@ class Extraction:
     problem: ScheduleProblem
     nodes: dict[str, fx.Node]
     graph_module: fx.GraphModule
-    groups: dict[str, ProcessGroup] = field(default_factory=dict)
 
 
 def is_wait(node: fx.Node) -> bool:
@@ -181,7 +180,7 @@ def extract_problem(
         by_name[op.name].meta[META_KEY]["runtime_ns"] = op.runtime_ns
     log.info("extracted %s: %d ops, %d collectives, %d storages", name, len(ops),
              len(problem.collectives), len(storages))
-    return Extraction(problem, {op.name: by_name[op.name] for op in ops}, gm, {g.name: g for g in problem.groups})
+    return Extraction(problem, {op.name: by_name[op.name] for op in ops}, gm)
 
 
 def _check_nodes(nodes: list[fx.Node]) -> None:
@@ -304,4 +303,4 @@ def _module_of(node: fx.Node) -> str | None:
 
 def _target_name(node: fx.Node) -> str:
     t = node.target
-    return getattr(t, "__name__", None) if not hasattr(t, "name") else t.name()  # type: ignore[union-attr,return-value]
+    return t.name() if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))

@@ -1,0 +1,68 @@
+"""Baseline benchmark: every full zoo graph, original order, scored by the simulator.
+
+Run: ``python -m fxsched.benchmarks.baseline [--out benchmarks/RESULTS.md]``. Writes one table
+per graph and part (forward/backward) with the problem summary, the original order's row and
+the lower bound on exposed time. Later issues add a row per scheduler to the same tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+from ..fxbridge.extract import extract_problem
+from ..fxbridge.report import graph_summary, original_row, rows_table
+from .zoo import ZOO, build
+
+COMMAND = "python -m fxsched.benchmarks.baseline --out benchmarks/RESULTS.md"
+
+
+def run(names: list[str], profile: str = "h100") -> str:
+    """Markdown report of the original order of each graph in ``names``."""
+    out = [
+        "# fxsched benchmark results",
+        "",
+        f"Made by `{COMMAND}` on {platform.machine()} / Python {platform.python_version()}, "
+        f"hardware profile `{profile}`, fused pointwise costs. All times in microseconds of "
+        "simulated H100 time; every row is scored by the one simulator.",
+        "",
+    ]
+    for name in names:
+        t0 = time.perf_counter()
+        zg = build(name)
+        trace_s = time.perf_counter() - t0
+        cfg = zg.config
+        out += [f"## {name}", "",
+                f"{cfg.layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, seq {cfg.seq_len}, "
+                f"world {cfg.world_size} ({cfg.parallelism}, tp {cfg.tp_size}, "
+                f"{cfg.gpus_per_node} GPUs/node); traced in {trace_s:.1f} s.", ""]
+        for part, gm in (("forward", zg.forward), ("backward", zg.backward)):
+            t0 = time.perf_counter()
+            ext = extract_problem(gm, groups={g.name: g.size for g in zg.groups.values()}, profile=profile,
+                                  name=f"{name}/{part}")
+            extract_s = time.perf_counter() - t0
+            problem = ext.problem
+            out += [f"### {part}: {len(gm.graph.nodes)} FX nodes, extracted in {extract_s:.2f} s", ""]
+            out += [f"- {label.strip()}: {value}" for label, value in graph_summary(problem)]
+            out += ["", "```", rows_table(problem, [original_row(problem)]), "```", ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=None, help="write the markdown here (default: stdout)")
+    parser.add_argument("--graphs", nargs="*", default=[n for n in ZOO if not n.endswith("_small")])
+    parser.add_argument("--profile", default="h100")
+    args = parser.parse_args(argv)
+    text = run(args.graphs, args.profile)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
