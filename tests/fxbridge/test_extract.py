@@ -23,7 +23,7 @@ c10d = torch.ops._c10d_functional
 SMALL = sorted(n for n in ZOO if n.endswith("_small"))
 
 
-@pytest.fixture(scope="module", params=SMALL)
+@pytest.fixture(scope="module", params=sorted(ZOO))
 def zoo_graph(request):
     return build(request.param)
 
