@@ -294,7 +294,8 @@ def _collective_info(node: fx.Node, kind: str, pgs: Mapping[str, ProcessGroup]) 
 
 
 def _module_of(node: fx.Node) -> str | None:
-    stack = node.meta.get("nn_module_stack")
+    """The innermost module FQN of a node (backward nodes carry their forward's stack)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
     if not stack:
         return None
     last = list(stack.values())[-1]

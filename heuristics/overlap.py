@@ -1,0 +1,188 @@
+"""Overlap list scheduler: hide collectives behind compute, in fixed heavy-compute order.
+
+Entry point: :func:`overlap_schedule`. Each collective (or bucket) moves with its
+producer-only chain; its wait sinks to just before its first use. Per process group, the
+collectives are taken in the order they are needed (Inductor's priority: the index of the
+compute they feed, then original order) and issued in that order, so waiting on one never
+drains a collective needed later (FIFO). Where each is issued:
+
+* ``just_in_time`` (default): as late as still lets it finish before it is needed, planned
+  backwards over the group's FIFO on the compute clock: prefetching no earlier than needed
+  keeps buffers short-lived.
+* ``early``: as early as its inputs allow, at most ``prefetch_limit_ns`` of compute ahead.
+  Issuing early also pulls the chains' casts forward, and that compute can hide a gather
+  that nothing else could.
+* ``auto`` (default): both, keeping the better.
+
+Memory: the scheduler tries a ladder of settings, from most to least aggressive — waits
+sunk to first use or placed where the collective should have finished, and at most k
+collectives in flight per group (before issuing one more, the oldest is waited: Inductor's
+"place the oldest wait" rule) — and keeps the best makespan whose peak memory fits the budget
+(default: the original order's peak). The original order is the last rung.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..solver.problem import ScheduleProblem
+from ..solver.schedule import Schedule
+from ..solver.simulator import memory_curve, simulate
+from .placement import Placement, assemble
+
+log = logging.getLogger(__name__)
+
+_IN_FLIGHT_LADDER = (None, 8, 4, 2, 1)
+
+
+@dataclass(frozen=True)
+class OverlapConfig:
+    policy: str = "auto"  # "just_in_time", "early", or "auto": both, keep the better
+    prefetch_limit_ns: int | None = None  # "early": most compute time to prefetch ahead of need
+    slack: float = 0.05  # "just_in_time": finish this fraction of a runtime before the need
+    assume_bucketed: bool = False  # a same-key predecessor in the FIFO saves this one's latency
+    move_chains: bool = True
+    memory_budget_bytes: int | None = None  # None: the original order's peak
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("auto", "just_in_time", "early"):
+            raise ValueError(f"OverlapConfig.policy: unknown policy {self.policy!r}")
+        if self.slack < 0:
+            raise ValueError("OverlapConfig.slack must be >= 0")
+        if self.prefetch_limit_ns is not None and self.prefetch_limit_ns < 0:
+            raise ValueError("OverlapConfig.prefetch_limit_ns must be >= 0")
+
+
+@dataclass(frozen=True)
+class _Item:
+    members: tuple[str, ...]
+    group: str
+    key: tuple
+    earliest: int
+    need: int
+    runtime_ns: int
+    first: int  # smallest original index, for stable tie-breaks
+
+
+def original_peak(problem: ScheduleProblem) -> int:
+    initial, curve = memory_curve(problem, Schedule.original(problem))
+    return max([initial, *curve])
+
+
+def overlap_schedule(
+    problem: ScheduleProblem,
+    buckets: Sequence[Sequence[str]] = (),
+    *,
+    multi_dtype: bool = False,
+    config: OverlapConfig = OverlapConfig(),
+    placement: Placement | None = None,
+) -> Schedule:
+    """The best schedule over the memory ladder that fits the budget (see module docstring)."""
+    pl = placement or Placement(problem, config.move_chains)
+    budget = config.memory_budget_bytes if config.memory_budget_bytes is not None else original_peak(problem)
+    items = _items(problem, pl, buckets, multi_dtype)
+    best: tuple[tuple[int, int], Schedule] | None = None
+    fallback: tuple[int, Schedule] | None = None
+    policies = ("just_in_time", "early") if config.policy == "auto" else (config.policy,)
+    for policy, on_completion, in_flight in itertools.product(policies, (False, True), _IN_FLIGHT_LADDER):
+        issue, wait, prio = _plan(pl, items, config, policy, on_completion, in_flight)
+        sched = assemble(pl, issue, wait, buckets, multi_dtype, prio)
+        res = simulate(problem, sched)
+        if res.peak_memory_bytes <= budget:
+            if best is None or (res.makespan_ns, res.peak_memory_bytes) < best[0]:
+                best = ((res.makespan_ns, res.peak_memory_bytes), sched)
+        elif fallback is None or res.peak_memory_bytes < fallback[0]:
+            fallback = (res.peak_memory_bytes, sched)
+    original = Schedule.original(problem)
+    if best is not None:
+        res0 = simulate(problem, original)
+        if res0.peak_memory_bytes <= budget and res0.makespan_ns < best[0][0]:
+            return original
+        return best[1]
+    if original_peak(problem) <= budget:
+        log.info("overlap_schedule: no overlapped schedule fits %d bytes; keeping the original order", budget)
+        return original
+    log.warning("overlap_schedule: memory budget %d bytes is below every schedule tried; "
+                "returning the one with the lowest peak", budget)
+    assert fallback is not None
+    return fallback[1]
+
+
+def _items(problem: ScheduleProblem, pl: Placement, buckets: Sequence[Sequence[str]], multi_dtype: bool) -> list[_Item]:
+    ops = problem.op_by_name
+    bucketed = {m for b in buckets for m in b}
+    groups = [tuple(b) for b in buckets] + [(c.name,) for c in problem.collectives if c.name not in bucketed]
+    out = []
+    for members in groups:
+        info = ops[members[0]].collective
+        assert info is not None
+        earliest = max(pl.units[m].earliest for m in members)
+        need = min(pl.units[m].need for m in members)
+        if earliest > need:
+            raise ValueError(f"bucket {members}: a member is needed (slot {need}) before another's "
+                             f"inputs exist (slot {earliest}) in fixed-compute-order mode")
+        rt = problem.bucket_runtime_ns(members)
+        if len(members) > 1:  # the copy-in runs on the compute stream right before the issue
+            rt += problem.bucket_costs.copy_ns(sum(ops[m].collective.bytes_in for m in members))  # type: ignore[union-attr]
+        out.append(_Item(members, info.group, info.bucket_key(multi_dtype), earliest, need, rt,
+                         min(problem.index[m] for m in members)))
+    return out
+
+
+def _latency(problem: ScheduleProblem, item: _Item) -> int:
+    info = problem.op_by_name[item.members[0]].collective
+    curve = problem.curve_by_key.get((info.group, info.kind))  # type: ignore[union-attr]
+    return min(curve.runtime_ns(0), item.runtime_ns) if curve else 0
+
+
+def _plan(
+    pl: Placement, items: list[_Item], config: OverlapConfig, policy: str, on_completion: bool,
+    in_flight: int | None,
+) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Issue and wait slots of every collective, and the in-slot priority (need order)."""
+    clock = pl.clock
+    by_group: dict[str, list[_Item]] = {}
+    for it in sorted(items, key=lambda i: (i.need, i.earliest, i.first)):
+        by_group.setdefault(it.group, []).append(it)
+    issue: dict[str, int] = {}
+    wait: dict[str, int] = {}
+    prio: dict[str, int] = {}
+    for seq in by_group.values():
+        rts = [it.runtime_ns for it in seq]
+        if config.assume_bucketed:
+            rts = [rt - (_latency(pl.problem, it) if i and seq[i - 1].key == it.key else 0)
+                   for i, (it, rt) in enumerate(zip(seq, rts))]
+        want = [0] * len(seq)
+        if policy == "just_in_time":
+            next_start = None
+            for i in range(len(seq) - 1, -1, -1):
+                it = seq[i]
+                end = clock[it.need] - int(rts[i] * config.slack)
+                if next_start is not None:
+                    end = min(end, next_start)
+                next_start = end - rts[i]
+                want[i] = pl.slot_at_or_before(next_start, it.earliest, it.need)
+        else:
+            for i, it in enumerate(seq):
+                lo = it.earliest
+                if config.prefetch_limit_ns is not None:
+                    lo = pl.slot_at_or_after(clock[it.need] - config.prefetch_limit_ns, it.earliest, it.need)
+                want[i] = lo
+        prev_issue, prev_end = 0, 0
+        slots: list[tuple[int, int]] = []
+        for i, it in enumerate(seq):
+            s = max(want[i], prev_issue)
+            if in_flight is not None and i >= in_flight:
+                s = max(s, slots[i - in_flight][1])  # the oldest in flight is waited first
+            s = min(s, it.need)
+            end = max(clock[s], prev_end) + rts[i]
+            w = pl.slot_at_or_after(end, s, it.need) if on_completion else it.need
+            slots.append((s, w))
+            prev_issue, prev_end = s, end
+            for m in it.members:
+                issue[m], wait[m] = s, w
+                prio[m] = len(prio)
+    return issue, wait, prio

@@ -1,0 +1,182 @@
+"""Fixed-compute-order placement: the frame every greedy scheduler here works in.
+
+The **backbone** is every op that is neither a collective, nor a wait, nor in a collective's
+**producer-only chain**, kept in the original order (so the order of heavy compute is kept, as
+Inductor does). A chain is the cheap ops (casts, views, copy-in) that feed nothing but their
+collective: in Llama graphs every parameter all_gather sits right behind its own bf16 cast, so
+moving the collective alone would hide nothing (Inductor's ``_schedule_path_to_collective``).
+
+Slot ``k`` is the gap just before backbone op ``k`` (slot ``len(backbone)`` is the end). A
+scheduler picks an issue slot for each collective (its chain goes with it) and a wait slot for
+each wait; :func:`assemble` turns those choices into a :class:`Schedule`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from ..solver.problem import OpKind, ScheduleProblem
+from ..solver.schedule import Schedule
+
+
+def producer_only_chain(problem: ScheduleProblem, collective: str) -> tuple[str, ...]:
+    """The cheap ops that feed nothing but ``collective`` (transitively), in original order."""
+    ops, users, idx = problem.op_by_name, problem.users, problem.index
+    chain: set[str] = set()
+    heap = [(-idx[d], d) for d in ops[collective].deps]
+    heapq.heapify(heap)
+    seen: set[str] = set()
+    while heap:  # latest first, so every user of a candidate is decided before it
+        _, d = heapq.heappop(heap)
+        if d in seen:
+            continue
+        seen.add(d)
+        op = ops[d]
+        if op.kind not in (OpKind.COMPUTE, OpKind.ZERO) or op.heavy:
+            continue
+        if all(u == collective or u in chain for u in users[d]):
+            chain.add(d)
+            for dd in op.deps:
+                heapq.heappush(heap, (-idx[dd], dd))
+    return tuple(sorted(chain, key=idx.__getitem__))
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A collective with its chain, and the slots between which it may be issued and waited."""
+
+    collective: str
+    chain: tuple[str, ...]
+    earliest: int  # first slot where everything it reads is available
+    need: int  # last slot its wait may take (just before its first consumer)
+
+
+class Placement:
+    """Backbone, units and the compute clock of a problem in fixed-compute-order mode."""
+
+    def __init__(self, problem: ScheduleProblem, move_chains: bool = True):
+        self.problem = problem
+        ops = problem.ops
+        chains = {c.name: producer_only_chain(problem, c.name) if move_chains else ()
+                  for c in problem.collectives}
+        in_unit = {op: c for c, ch in chains.items() for op in ch} | {c: c for c in chains}
+        self.backbone: tuple[str, ...] = tuple(
+            op.name for op in ops if op.kind is not OpKind.WAIT and op.name not in in_unit)
+        self.slot_of_backbone = {name: i for i, name in enumerate(self.backbone)}
+        by_name = problem.op_by_name
+        clock = [0]
+        for name in self.backbone:
+            clock.append(clock[-1] + by_name[name].runtime_ns)
+        self.clock: tuple[int, ...] = tuple(clock)  # compute time before each slot
+        self.n_slots = len(self.backbone) + 1
+
+        earliest_bb: dict[str, int] = {}
+        for c, chain in chains.items():
+            members = (*chain, c)
+            e = 0
+            for m in members:
+                for d in by_name[m].deps:
+                    if d in self.slot_of_backbone:
+                        e = max(e, self.slot_of_backbone[d] + 1)
+            earliest_bb[c] = e
+        units = {}
+        for c, chain in chains.items():
+            need = self.n_slots - 1
+            for u in problem.users[problem.wait_of[c]]:
+                if u in self.slot_of_backbone:
+                    need = min(need, self.slot_of_backbone[u])
+                elif u in in_unit:  # another collective's chain reads it: wait before that issue
+                    need = min(need, earliest_bb[in_unit[u]])
+            units[c] = Unit(c, chain, earliest_bb[c], need)
+        self.units: dict[str, Unit] = units
+
+    def slot_at_or_before(self, t: int, lo: int, hi: int) -> int:
+        """The last slot in [lo, hi] whose compute clock is <= t (lo if none)."""
+        s = bisect.bisect_right(self.clock, t, lo, hi + 1) - 1
+        return max(lo, min(s, hi))
+
+    def slot_at_or_after(self, t: int, lo: int, hi: int) -> int:
+        """The first slot in [lo, hi] whose compute clock is >= t (hi if none)."""
+        s = bisect.bisect_left(self.clock, t, lo, hi + 1)
+        return max(lo, min(s, hi))
+
+    @cached_property
+    def original_slots(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(issue, wait) slots that reproduce the original positions as closely as the frame allows."""
+        issue, wait = {}, {}
+        nxt = self._next_backbone_slot
+        for c, u in self.units.items():
+            issue[c] = min(max(nxt[c], u.earliest), u.need)
+            wait[c] = min(max(nxt[self.problem.wait_of[c]], issue[c]), u.need)
+        return issue, wait
+
+    @cached_property
+    def _next_backbone_slot(self) -> dict[str, int]:
+        out, k = {}, 0
+        for op in self.problem.ops:
+            if op.name in self.slot_of_backbone:
+                k = self.slot_of_backbone[op.name] + 1
+            else:
+                out[op.name] = k
+        return out
+
+
+def assemble(
+    placement: Placement,
+    issue: Mapping[str, int],
+    wait: Mapping[str, int],
+    buckets: Sequence[Sequence[str]] = (),
+    multi_dtype: bool = False,
+    priority: Mapping[str, int] | None = None,
+) -> Schedule:
+    """Build the schedule that issues each collective (after its chain) at ``issue[c]`` and waits
+    at ``wait[c]``. Within a slot, issues go before waits, each in ``priority`` order (default:
+    original order), subject to dependencies."""
+    p = placement.problem
+    idx = p.index
+    prio = priority or {}
+    at: list[list[str]] = [[] for _ in range(placement.n_slots)]
+    for c, unit in placement.units.items():
+        s, w = issue[c], wait[c]
+        if not unit.earliest <= s <= w <= unit.need:
+            raise ValueError(f"collective {c!r}: slots issue {s}, wait {w} outside [{unit.earliest}, {unit.need}]")
+        at[s].extend((*unit.chain, c))
+        at[w].append(p.wait_of[c])
+    owner = {m: c for c, u in placement.units.items() for m in (*u.chain, c, p.wait_of[c])}
+    order: list[str] = []
+    for k, items in enumerate(at):
+        if items:
+            order.extend(_local_topo(p, items, lambda n: (
+                p.op_by_name[n].kind is OpKind.WAIT, prio.get(owner[n], 0), idx[n])))
+        if k < len(placement.backbone):
+            order.append(placement.backbone[k])
+    return Schedule(order=tuple(order), buckets=tuple(tuple(b) for b in buckets), multi_dtype=multi_dtype)
+
+
+def _local_topo(p: ScheduleProblem, items: list[str], key) -> list[str]:  # noqa: ANN001
+    """Order ``items`` topologically among themselves, smallest ``key`` first when free."""
+    present = set(items)
+    indeg = {n: 0 for n in items}
+    users: dict[str, list[str]] = {n: [] for n in items}
+    for n in items:
+        for d in p.op_by_name[n].deps:
+            if d in present:
+                indeg[n] += 1
+                users[d].append(n)
+    heap = [(key(n), n) for n in items if indeg[n] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, n = heapq.heappop(heap)
+        out.append(n)
+        for u in users[n]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, (key(u), u))
+    if len(out) != len(items):
+        raise ValueError("cycle among ops placed in one slot")
+    return out
