@@ -9,7 +9,7 @@ import time
 
 from ..solver.serialization import load_problem, load_schedule, save_problem
 from ..solver.simulator import simulate
-from .report import Row, graph_summary, original_row, rows_table
+from .report import Row, graph_summary, original_row, rows_table, scheduler_rows
 
 
 def _trace(args: argparse.Namespace):  # noqa: ANN202 - returns (ZooGraph, Extraction, seconds)
@@ -27,7 +27,7 @@ def _trace(args: argparse.Namespace):  # noqa: ANN202 - returns (ZooGraph, Extra
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Trace a built-in Llama graph on CPU with a fake process group and score it."""
+    """Trace a built-in Llama graph on CPU with a fake process group, schedule it, print the table."""
     zg, ext, t_trace, t_extract = _trace(args)
     problem = ext.problem
     print(f"fxsched demo: {problem.name}  ({zg.config.layers} layers, world {zg.config.world_size}, "
@@ -37,8 +37,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for label, value in graph_summary(problem):
         print(f"  {label}: {value}")
     print()
-    rows: list[Row] = [original_row(problem)]
-    print(rows_table(problem, rows))
+    print(rows_table(problem, scheduler_rows(problem)))
     return 0
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
+
+from ..heuristics import HEURISTICS
 
 from ..solver.bounds import ExposedBound, exposed_lower_bound
 from ..solver.problem import OpKind, ScheduleProblem
@@ -70,3 +73,13 @@ def rows_table(problem: ScheduleProblem, rows: list[Row], bound: ExposedBound | 
 
 def original_row(problem: ScheduleProblem) -> Row:
     return Row("original order", simulate(problem, Schedule.original(problem)))
+
+
+def scheduler_rows(problem: ScheduleProblem) -> list[Row]:
+    """The original order, then every registered heuristic with its own run time."""
+    rows = [original_row(problem)]
+    for name, heuristic in HEURISTICS.items():
+        t0 = time.perf_counter()
+        schedule = heuristic(problem)
+        rows.append(Row(name, simulate(problem, schedule), time.perf_counter() - t0))
+    return rows
