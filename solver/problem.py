@@ -225,6 +225,7 @@ class ScheduleProblem:
     groups: tuple[ProcessGroup, ...] = ()
     comm_curves: tuple[CommCurve, ...] = ()
     bucket_costs: BucketCosts = field(default_factory=BucketCosts)
+    link_contention: float = 0.0  # off by default; see simulator: cross-group slowdown factor
     name: str = "problem"
     metadata: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -328,6 +329,8 @@ def _validate(p: ScheduleProblem) -> None:
     storages = {s.name for s in p.storages}
     if len(storages) != len(p.storages):
         raise ProblemError("duplicate storage name")
+    if not 0.0 <= p.link_contention <= 10.0:
+        raise ProblemError(f"link_contention must be in [0, 10], got {p.link_contention!r}")
     groups = {g.name for g in p.groups}
     if len(groups) != len(p.groups):
         dup = next(g.name for g in p.groups if sum(h.name == g.name for h in p.groups) > 1)

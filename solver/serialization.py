@@ -59,6 +59,7 @@ def problem_to_dict(p: ScheduleProblem) -> dict[str, Any]:
             for c in p.comm_curves
         ],
         "bucket_costs": asdict(p.bucket_costs),
+        "link_contention": p.link_contention,
         "ops": ops,
     }
 
@@ -89,6 +90,7 @@ def problem_from_dict(d: dict[str, Any], source: str = "<dict>") -> ScheduleProb
                 for c in d.get("comm_curves", ())
             ),
             bucket_costs=BucketCosts(**d.get("bucket_costs", {})),
+            link_contention=float(d.get("link_contention", 0.0)),
             name=d.get("name", "problem"),
             metadata=dict(d.get("metadata", {})),
         )

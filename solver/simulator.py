@@ -9,6 +9,10 @@
 - A bucket is issued at its last member's position: a copy-in kernel runs there on the compute
   stream, then one collective priced at the summed size. It is waited at its first member's
   wait; all_gather/all_to_all buckets then run a copy-out kernel.
+- Optional link contention (``problem.link_contention = f``, default 0): a collective that
+  starts while a collective of another group is still running takes ``(1 + f)`` times as
+  long, as when groups share links. Collectives are priced in issue order, each against
+  the ones issued before it.
 - Memory follows the caching allocator in program order: outputs are allocated when their op
   is issued, freed after their last use; a collective's inputs stay live until its wait;
   ``never_freed`` storages (parameters, graph outputs) stay live. The curve holds, for each
@@ -17,6 +21,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -122,6 +127,7 @@ def _timeline(
     issue_at = {p.issue_pos: p for p in places}
     wait_at = {p.wait_pos: p for p in places}
     group_free: dict[str, int] = {}
+    running: list[tuple[str, int, int]] = []  # (group, start, end) of every issued collective
     started: dict[tuple[str, ...], tuple[int, int, int]] = {}
     timings: list[CollectiveTiming] = []
     t = compute = exposed = 0
@@ -139,8 +145,14 @@ def _timeline(
                 compute += copy
             group = op.collective.group  # type: ignore[union-attr]
             start = max(t, group_free.get(group, 0))
-            end = start + problem.bucket_runtime_ns(p.members)
+            runtime = problem.bucket_runtime_ns(p.members)
+            if problem.link_contention and any(
+                g != group and s0 <= start < e0 for g, s0, e0 in running
+            ):
+                runtime = math.ceil(runtime * (1 + problem.link_contention))
+            end = start + runtime
             group_free[group] = end
+            running.append((group, start, end))
             started[p.members] = (t, start, end)
         elif i in wait_at:
             p = wait_at[i]

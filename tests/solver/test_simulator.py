@@ -331,3 +331,23 @@ def test_view_bucket_members_without_storages_simulate(kind: CollectiveKind) -> 
     ])
     r = run(p, buckets=[("c1", "c2")])
     assert (r.makespan_ns, r.compute_ns, r.exposed_ns) == (800, 300, 500)
+
+
+def test_link_contention_stretches_a_collective_that_overlaps_another_group() -> None:
+    """c1 on A (100) and c2 on B (100) both issued at 0; x (10) then w1, w2.
+    Off: both run 0-100; w1 stalls 90 (t=100), w2 0; makespan 100.
+    f=0.5: c1 is priced first (nothing running): 0-100; c2 starts at 0 while c1 runs, so it
+    takes 150: 0-150. w1 stalls 90 (t=100), w2 stalls 50 (t=150); makespan 150 = 10 + 140."""
+    import dataclasses
+
+    p = make_problem([
+        coll("c1", "A", runtime_ns=100), coll("c2", "B", runtime_ns=100), compute("x", 10),
+        wait("w1", "c1"), wait("w2", "c2"),
+    ])
+    off = run(p)
+    assert (timing(off, "c2").end_ns, off.makespan_ns, off.exposed_ns) == (100, 100, 90)
+    on = run(dataclasses.replace(p, link_contention=0.5))
+    assert (timing(on, "c1").end_ns, timing(on, "c2").end_ns) == (100, 150)
+    assert (on.makespan_ns, on.exposed_ns) == (150, 140)
+    with pytest.raises(ProblemError, match="link_contention"):
+        dataclasses.replace(p, link_contention=-1.0)
