@@ -88,8 +88,8 @@ def overlap_schedule(
     fallback: tuple[int, Schedule] | None = None
     policies = ("just_in_time", "early") if config.policy == "auto" else (config.policy,)
     for policy, on_completion, in_flight in itertools.product(policies, (False, True), _IN_FLIGHT_LADDER):
-        issue, wait, prio = _plan(pl, items, config, policy, on_completion, in_flight)
-        sched = assemble(pl, issue, wait, buckets, multi_dtype, prio)
+        issue, wait, prio, after = _plan(pl, items, config, policy, on_completion, in_flight)
+        sched = assemble(pl, issue, wait, buckets, multi_dtype, prio, after)
         res = simulate(problem, sched)
         if res.peak_memory_bytes <= budget:
             if best is None or (res.makespan_ns, res.peak_memory_bytes) < best[0]:
@@ -97,18 +97,18 @@ def overlap_schedule(
         elif fallback is None or res.peak_memory_bytes < fallback[0]:
             fallback = (res.peak_memory_bytes, sched)
     original = Schedule.original(problem)
+    res0 = simulate(problem, original)
     if best is not None:
-        res0 = simulate(problem, original)
         if res0.peak_memory_bytes <= budget and res0.makespan_ns < best[0][0]:
             return original
         return best[1]
-    if original_peak(problem) <= budget:
+    if res0.peak_memory_bytes <= budget:
         log.info("overlap_schedule: no overlapped schedule fits %d bytes; keeping the original order", budget)
         return original
+    assert fallback is not None
     log.warning("overlap_schedule: memory budget %d bytes is below every schedule tried; "
                 "returning the one with the lowest peak", budget)
-    assert fallback is not None
-    return fallback[1]
+    return original if res0.peak_memory_bytes <= fallback[0] else fallback[1]
 
 
 def _items(problem: ScheduleProblem, pl: Placement, buckets: Sequence[Sequence[str]], multi_dtype: bool) -> list[_Item]:
@@ -141,8 +141,9 @@ def _latency(problem: ScheduleProblem, item: _Item) -> int:
 def _plan(
     pl: Placement, items: list[_Item], config: OverlapConfig, policy: str, on_completion: bool,
     in_flight: int | None,
-) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """Issue and wait slots of every collective, and the in-slot priority (need order)."""
+) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, tuple[str, ...]]]:
+    """Issue and wait slots of every collective, the in-slot priority (need order), and the
+    waits each collective must follow (the max-in-flight rule)."""
     clock = pl.clock
     by_group: dict[str, list[_Item]] = {}
     for it in sorted(items, key=lambda i: (i.need, i.earliest, i.first)):
@@ -150,6 +151,7 @@ def _plan(
     issue: dict[str, int] = {}
     wait: dict[str, int] = {}
     prio: dict[str, int] = {}
+    after: dict[str, tuple[str, ...]] = {}
     for seq in by_group.values():
         rts = [it.runtime_ns for it in seq]
         if config.assume_bucketed:
@@ -175,8 +177,10 @@ def _plan(
         slots: list[tuple[int, int]] = []
         for i, it in enumerate(seq):
             s = max(want[i], prev_issue)
+            oldest: tuple[str, ...] = ()
             if in_flight is not None and i >= in_flight:
                 s = max(s, slots[i - in_flight][1])  # the oldest in flight is waited first
+                oldest = tuple(pl.problem.wait_of[m] for m in seq[i - in_flight].members)
             s = min(s, it.need)
             end = max(clock[s], prev_end) + rts[i]
             w = pl.slot_at_or_after(end, s, it.need) if on_completion else it.need
@@ -185,4 +189,5 @@ def _plan(
             for m in it.members:
                 issue[m], wait[m] = s, w
                 prio[m] = len(prio)
-    return issue, wait, prio
+                after[m] = oldest
+    return issue, wait, prio, after

@@ -74,24 +74,28 @@ class Placement:
         self.clock: tuple[int, ...] = tuple(clock)  # compute time before each slot
         self.n_slots = len(self.backbone) + 1
 
-        earliest_bb: dict[str, int] = {}
-        for c, chain in chains.items():
-            members = (*chain, c)
+        # earliest: after every backbone op the unit reads, and no earlier than any collective
+        # whose wait it reads (that wait sits between the two issues). Units in original order,
+        # so a collective is settled before any unit that reads its result.
+        earliest: dict[str, int] = {}
+        for c in sorted(chains, key=problem.index.__getitem__):
             e = 0
-            for m in members:
+            for m in (*chains[c], c):
                 for d in by_name[m].deps:
                     if d in self.slot_of_backbone:
                         e = max(e, self.slot_of_backbone[d] + 1)
-            earliest_bb[c] = e
+                    elif by_name[d].waits_on is not None:
+                        e = max(e, earliest[by_name[d].waits_on])
+            earliest[c] = e
         units = {}
         for c, chain in chains.items():
             need = self.n_slots - 1
             for u in problem.users[problem.wait_of[c]]:
                 if u in self.slot_of_backbone:
                     need = min(need, self.slot_of_backbone[u])
-                elif u in in_unit:  # another collective's chain reads it: wait before that issue
-                    need = min(need, earliest_bb[in_unit[u]])
-            units[c] = Unit(c, chain, earliest_bb[c], need)
+                elif u in in_unit:  # another collective's unit reads it: wait before that issue
+                    need = min(need, earliest[in_unit[u]])
+            units[c] = Unit(c, chain, earliest[c], need)
         self.units: dict[str, Unit] = units
 
     def slot_at_or_before(self, t: int, lo: int, hi: int) -> int:
@@ -132,38 +136,54 @@ def assemble(
     buckets: Sequence[Sequence[str]] = (),
     multi_dtype: bool = False,
     priority: Mapping[str, int] | None = None,
+    issue_after: Mapping[str, Sequence[str]] | None = None,
 ) -> Schedule:
-    """Build the schedule that issues each collective (after its chain) at ``issue[c]`` and waits
-    at ``wait[c]``. Within a slot, issues go before waits, each in ``priority`` order (default:
-    original order), subject to dependencies."""
+    """Build the schedule that issues each collective (right after its chain) at ``issue[c]``
+    and waits at ``wait[c]``.
+
+    Within a slot, each collective's chain and issue form one contiguous block. Blocks go
+    before waits, each in ``priority`` order (default: original order), subject to: data
+    dependencies, a bucket's waits after all its members' issues, and ``issue_after[c]``
+    (waits that must come before collective ``c``'s block when they share its slot).
+    """
     p = placement.problem
-    idx = p.index
     prio = priority or {}
     at: list[list[str]] = [[] for _ in range(placement.n_slots)]
     for c, unit in placement.units.items():
         s, w = issue[c], wait[c]
         if not unit.earliest <= s <= w <= unit.need:
             raise ValueError(f"collective {c!r}: slots issue {s}, wait {w} outside [{unit.earliest}, {unit.need}]")
-        at[s].extend((*unit.chain, c))
+        at[s].append(c)
         at[w].append(p.wait_of[c])
-    owner = {m: c for c, u in placement.units.items() for m in (*u.chain, c, p.wait_of[c])}
+    before: dict[str, set[str]] = {}  # item -> items that must precede it (when in its slot)
+    for c, unit in placement.units.items():
+        deps = before.setdefault(c, set(issue_after.get(c, ()) if issue_after else ()))
+        for m in (*unit.chain, c):
+            deps.update(d for d in p.op_by_name[m].deps if p.op_by_name[d].kind is OpKind.WAIT)
+        before[p.wait_of[c]] = {c}
+    for b in buckets:
+        for m in b:
+            before[p.wait_of[m]].update(b)
     order: list[str] = []
     for k, items in enumerate(at):
         if items:
-            order.extend(_local_topo(p, items, lambda n: (
-                p.op_by_name[n].kind is OpKind.WAIT, prio.get(owner[n], 0), idx[n])))
+            for n in _local_topo(items, before, lambda n: (
+                    p.op_by_name[n].kind is OpKind.WAIT, prio.get(p.op_by_name[n].waits_on or n, 0),
+                    p.index[n])):
+                order.extend((*placement.units[n].chain, n) if n in placement.units else (n,))
         if k < len(placement.backbone):
             order.append(placement.backbone[k])
     return Schedule(order=tuple(order), buckets=tuple(tuple(b) for b in buckets), multi_dtype=multi_dtype)
 
 
-def _local_topo(p: ScheduleProblem, items: list[str], key) -> list[str]:  # noqa: ANN001
-    """Order ``items`` topologically among themselves, smallest ``key`` first when free."""
+def _local_topo(items: list[str], before: Mapping[str, set[str]], key) -> list[str]:  # noqa: ANN001
+    """Order ``items`` so that each comes after those of ``before[item]`` present here,
+    smallest ``key`` first when free."""
     present = set(items)
     indeg = {n: 0 for n in items}
     users: dict[str, list[str]] = {n: [] for n in items}
     for n in items:
-        for d in p.op_by_name[n].deps:
+        for d in before.get(n, ()):
             if d in present:
                 indeg[n] += 1
                 users[d].append(n)
