@@ -19,15 +19,6 @@ Which collectives may share a bucket (enforced by :class:`BucketFeasibility`, wh
    and waited once); if bucket B holds a collective that depends on a member of bucket B'
    and B' one that depends on a member of B, no program order can issue and wait both, so
    the merge that would close such a cycle is refused;
-5. (slot guard) no member ``b`` may be gated, within the bucket's first possible slot, by a
-   wait of another collective ``x``: if ``b`` (or its chain) reaches a wait ``w(x)`` through
-   non-backbone ops only and ``x``'s ``unit.need`` is at least the bucket's latest
-   ``unit.earliest``, the overlap scheduler may put the bucket's issue, ``w(x)`` and the
-   bucket's wait in one slot, and :func:`fxsched.heuristics.placement.assemble` orders the ops
-   of one slot without knowing buckets, so a member's wait could land before ``b``. This
-   guard can be dropped (``slot_guard=False``) once ``assemble`` makes every bucket member's
-   wait follow all of the bucket's issues within a slot.
-
 Nothing here imports torch or ortools.
 """
 
@@ -68,10 +59,9 @@ class BucketFeasibility:
     against all of them for cycles.
     """
 
-    def __init__(self, problem: ScheduleProblem, placement: Placement, slot_guard: bool = True):
+    def __init__(self, problem: ScheduleProblem, placement: Placement):
         self.problem = problem
         self.placement = placement
-        self.slot_guard = slot_guard
         names = [c.name for c in problem.collectives]
         self.names = names
         self.num = {n: i for i, n in enumerate(names)}
@@ -88,29 +78,6 @@ class BucketFeasibility:
             succ.append(m)
         self.succ: list[int] = succ
         self.node: list[int] = [1 << i for i in range(len(names))]
-        self.gate: dict[str, int] = self._gates() if slot_guard else {}
-
-    def _gates(self) -> dict[str, int]:
-        """Collective -> the largest ``unit.need`` over the waits its unit reaches backwards
-        through non-backbone ops only (-1 when none): the latest slot whose wait can gate it."""
-        p, pl = self.problem, self.placement
-        ops, backbone, units = p.op_by_name, pl.slot_of_backbone, pl.units
-        out = {}
-        for c, unit in units.items():
-            gate = -1
-            stack = [d for m in (*unit.chain, c) for d in ops[m].deps]
-            seen: set[str] = set()
-            while stack:
-                d = stack.pop()
-                if d in seen or d in backbone:
-                    continue
-                seen.add(d)
-                op = ops[d]
-                if op.waits_on is not None:
-                    gate = max(gate, units[op.waits_on].need)
-                stack.extend(op.deps)
-            out[c] = gate
-        return out
 
     def independent(self, members: Sequence[str], cand: str) -> bool:
         """Whether ``cand`` neither depends on, nor is depended on by, any of ``members``."""
@@ -124,13 +91,9 @@ class BucketFeasibility:
         return not self.succ[c] & mask
 
     def frame_feasible(self, members: Sequence[str]) -> bool:
-        """Whether the bucket's inputs all exist no later than its first need (rule 3), and no
-        member can be gated by another collective's wait in its first slot (rule 5)."""
+        """Whether the bucket's inputs all exist no later than its first need (rule 3)."""
         units = self.placement.units
-        earliest = max(units[m].earliest for m in members)
-        if earliest > min(units[m].need for m in members):
-            return False
-        return len(members) < 2 or all(self.gate.get(m, -1) < earliest for m in members)
+        return max(units[m].earliest for m in members) <= min(units[m].need for m in members)
 
     def acyclic(self, merged: int) -> bool:
         """Whether contracting the collectives of bitset ``merged`` into one bucket keeps the

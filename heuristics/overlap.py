@@ -2,9 +2,10 @@
 
 Entry point: :func:`overlap_schedule`. Each collective (or bucket) moves with its
 producer-only chain; its wait sinks to just before its first use. Per process group, the
-collectives are taken in the order they are needed (Inductor's priority: the index of the
-compute they feed, then original order) and issued in that order, so waiting on one never
-drains a collective needed later (FIFO). Where each is issued:
+collectives something consumes are planned in the order they are needed (Inductor's
+priority: the index of the compute they feed, then original order); those that only feed
+the graph's outputs (gradient reductions) are issued as soon as their inputs exist. Where
+each consumed one is issued:
 
 * ``just_in_time`` (default): as late as still lets it finish before it is needed, planned
   backwards over the group's FIFO on the compute clock: prefetching no earlier than needed
@@ -12,7 +13,9 @@ drains a collective needed later (FIFO). Where each is issued:
 * ``early``: as early as its inputs allow, at most ``prefetch_limit_ns`` of compute ahead.
   Issuing early also pulls the chains' casts forward, and that compute can hide a gather
   that nothing else could.
-* ``auto`` (default): both, keeping the better.
+* ``keep``: where the original order issued it (no prefetch; only its wait moves), the
+  rung that still pays when memory forbids any prefetch.
+* ``auto`` (default): all three, keeping the best.
 
 Memory: the scheduler tries a ladder of settings, from most to least aggressive — waits
 sunk to first use or placed where the collective should have finished, and at most k
@@ -40,7 +43,7 @@ _IN_FLIGHT_LADDER = (None, 8, 4, 2, 1)
 
 @dataclass(frozen=True)
 class OverlapConfig:
-    policy: str = "auto"  # "just_in_time", "early", or "auto": both, keep the better
+    policy: str = "auto"  # "just_in_time", "early", "keep", or "auto": all, keep the best
     prefetch_limit_ns: int | None = None  # "early": most compute time to prefetch ahead of need
     slack: float = 0.05  # "just_in_time": finish this fraction of a runtime before the need
     assume_bucketed: bool = False  # a same-key predecessor in the FIFO saves this one's latency
@@ -48,7 +51,7 @@ class OverlapConfig:
     memory_budget_bytes: int | None = None  # None: the original order's peak
 
     def __post_init__(self) -> None:
-        if self.policy not in ("auto", "just_in_time", "early"):
+        if self.policy not in ("auto", "just_in_time", "early", "keep"):
             raise ValueError(f"OverlapConfig.policy: unknown policy {self.policy!r}")
         if self.slack < 0:
             raise ValueError("OverlapConfig.slack must be >= 0")
@@ -86,16 +89,18 @@ def overlap_schedule(
     items = _items(problem, pl, buckets, multi_dtype)
     best: tuple[tuple[int, int], Schedule] | None = None
     fallback: tuple[int, Schedule] | None = None
-    policies = ("just_in_time", "early") if config.policy == "auto" else (config.policy,)
-    for policy, on_completion, in_flight in itertools.product(policies, (False, True), _IN_FLIGHT_LADDER):
-        issue, wait, prio, after = _plan(pl, items, config, policy, on_completion, in_flight)
-        sched = assemble(pl, issue, wait, buckets, multi_dtype, prio, after)
-        res = simulate(problem, sched)
-        if res.peak_memory_bytes <= budget:
-            if best is None or (res.makespan_ns, res.peak_memory_bytes) < best[0]:
-                best = ((res.makespan_ns, res.peak_memory_bytes), sched)
-        elif fallback is None or res.peak_memory_bytes < fallback[0]:
-            fallback = (res.peak_memory_bytes, sched)
+    policies = ("just_in_time", "early", "keep") if config.policy == "auto" else (config.policy,)
+    for policy, on_completion, flush_early in itertools.product(policies, (False, True), (False, True)):
+        for in_flight in _IN_FLIGHT_LADDER:  # most to least aggressive: stop at the first that fits
+            issue, wait, prio, after = _plan(pl, items, config, policy, on_completion, in_flight, flush_early)
+            sched = assemble(pl, issue, wait, buckets, multi_dtype, prio, after)
+            res = simulate(problem, sched)
+            if res.peak_memory_bytes <= budget:
+                if best is None or (res.makespan_ns, res.peak_memory_bytes) < best[0]:
+                    best = ((res.makespan_ns, res.peak_memory_bytes), sched)
+                break
+            if fallback is None or res.peak_memory_bytes < fallback[0]:
+                fallback = (res.peak_memory_bytes, sched)
     original = Schedule.original(problem)
     res0 = simulate(problem, original)
     if best is not None:
@@ -140,49 +145,60 @@ def _latency(problem: ScheduleProblem, item: _Item) -> int:
 
 def _plan(
     pl: Placement, items: list[_Item], config: OverlapConfig, policy: str, on_completion: bool,
-    in_flight: int | None,
+    in_flight: int | None, flush_early: bool,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, tuple[str, ...]]]:
-    """Issue and wait slots of every collective, the in-slot priority (need order), and the
-    waits each collective must follow (the max-in-flight rule)."""
+    """Issue and wait slots of every collective, the in-slot priority (issue order), and the
+    waits each collective must follow (the max-in-flight rule).
+
+    Per group, the collectives something consumes are planned in need order by ``policy``.
+    Those only the graph's output consumes (gradient reductions) are planned with them, as
+    needed at the end, or, with ``flush_early``, issued as soon as their inputs exist, so their
+    inputs die early (at the price of occupying the FIFO sooner). All are then issued in order
+    of their planned slots, ties in need order.
+    """
     clock = pl.clock
+    last = pl.n_slots - 1
     by_group: dict[str, list[_Item]] = {}
-    for it in sorted(items, key=lambda i: (i.need, i.earliest, i.first)):
+    for it in items:
         by_group.setdefault(it.group, []).append(it)
     issue: dict[str, int] = {}
     wait: dict[str, int] = {}
     prio: dict[str, int] = {}
     after: dict[str, tuple[str, ...]] = {}
-    for seq in by_group.values():
-        rts = [it.runtime_ns for it in seq]
+    original_issue = pl.original_slots[0]
+    for group_items in by_group.values():
+        consumed = sorted((it for it in group_items if it.need < last or not flush_early),
+                          key=lambda i: (i.need, i.earliest, i.first))
+        rt = {it: it.runtime_ns for it in group_items}
         if config.assume_bucketed:
-            rts = [rt - (_latency(pl.problem, it) if i and seq[i - 1].key == it.key else 0)
-                   for i, (it, rt) in enumerate(zip(seq, rts))]
-        want = [0] * len(seq)
-        if policy == "just_in_time":
+            for prev, it in zip(consumed, consumed[1:]):
+                if prev.key == it.key:
+                    rt[it] -= _latency(pl.problem, it)
+        want = {it: it.earliest for it in group_items}
+        if policy == "keep":
+            want = {it: max(original_issue[m] for m in it.members) for it in group_items}
+        elif policy == "just_in_time":
             next_start = None
-            for i in range(len(seq) - 1, -1, -1):
-                it = seq[i]
-                end = clock[it.need] - int(rts[i] * config.slack)
+            for it in reversed(consumed):
+                end = clock[it.need] - int(rt[it] * config.slack)
                 if next_start is not None:
                     end = min(end, next_start)
-                next_start = end - rts[i]
-                want[i] = pl.slot_at_or_before(next_start, it.earliest, it.need)
-        else:
-            for i, it in enumerate(seq):
-                lo = it.earliest
-                if config.prefetch_limit_ns is not None:
-                    lo = pl.slot_at_or_after(clock[it.need] - config.prefetch_limit_ns, it.earliest, it.need)
-                want[i] = lo
+                next_start = end - rt[it]
+                want[it] = pl.slot_at_or_before(next_start, it.earliest, it.need)
+        elif config.prefetch_limit_ns is not None:
+            for it in consumed:
+                want[it] = pl.slot_at_or_after(clock[it.need] - config.prefetch_limit_ns, it.earliest, it.need)
+        seq = sorted(group_items, key=lambda i: (want[i], i.need, i.first))
         prev_issue, prev_end = 0, 0
         slots: list[tuple[int, int]] = []
         for i, it in enumerate(seq):
-            s = max(want[i], prev_issue)
+            s = max(want[it], prev_issue)
             oldest: tuple[str, ...] = ()
             if in_flight is not None and i >= in_flight:
                 s = max(s, slots[i - in_flight][1])  # the oldest in flight is waited first
                 oldest = tuple(pl.problem.wait_of[m] for m in seq[i - in_flight].members)
             s = min(s, it.need)
-            end = max(clock[s], prev_end) + rts[i]
+            end = max(clock[s], prev_end) + rt[it]
             w = pl.slot_at_or_after(end, s, it.need) if on_completion else it.need
             slots.append((s, w))
             prev_issue, prev_end = s, end

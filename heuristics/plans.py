@@ -196,3 +196,18 @@ def plan_schedule(
                     "fits the memory budget or beats it); the plan's %d buckets are not applied",
                     len(buckets))
     return sched
+
+
+def per_block_plan(problem: ScheduleProblem) -> ModulePlan | None:
+    """One plan entry per model block, derived from the collectives' module FQNs: an FQN is cut
+    after its first numeric component (``layers.3.attention`` -> ``layers.3``, the
+    ``nn.ModuleList`` convention), or kept to its first component (``tok_embeddings``). None
+    when no collective carries a module."""
+    entries: dict[str, None] = {}
+    for c in problem.collectives:
+        if not c.module:
+            continue
+        parts = c.module.split(".")
+        cut = next((i + 1 for i, part in enumerate(parts) if part.isdigit()), 1)
+        entries[".".join(parts[:cut])] = None
+    return ModulePlan.from_user(list(entries)) if entries else None
