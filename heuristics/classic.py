@@ -2,7 +2,8 @@
 
 * :func:`sink_waits`: every wait moves to just before its first use; nothing else moves.
 * :func:`raise_collectives`: every collective (alone, without its chain, as ``comms.py``
-  does) moves to just after its inputs exist; waits stay where they were.
+  does) moves to just after its inputs exist; waits stay where they were (so a collective
+  that reads another's wait rises only to just after that wait).
 * :func:`raise_and_sink`: both.
 
 They ignore memory on purpose: they are the baselines the overlap scheduler is measured
@@ -32,6 +33,9 @@ def raise_collectives(problem: ScheduleProblem) -> Schedule:
     pl = _frame(problem)
     _, wait = pl.original_slots
     issue = {c: u.earliest for c, u in pl.units.items()}
+    for c in sorted(issue, key=problem.index.__getitem__):  # waits stay: a reader rises only to them
+        for u in pl.readers[c]:
+            issue[u] = max(issue[u], wait[c])
     return assemble(pl, issue, {c: max(wait[c], issue[c]) for c in issue}, priority=problem.index)
 
 

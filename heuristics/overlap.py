@@ -3,13 +3,14 @@
 Entry point: :func:`overlap_schedule`. Each collective (or bucket) moves with its
 producer-only chain; its wait sinks to just before its first use. Per process group, the
 collectives something consumes are planned in the order they are needed (Inductor's
-priority: the index of the compute they feed, then original order); those that only feed
-the graph's outputs (gradient reductions) are issued as soon as their inputs exist. Where
-each consumed one is issued:
+priority: the index of the compute they feed, then the slot their inputs exist, then original
+order); those that only feed the graph's outputs (gradient reductions) are planned as needed
+at the end, or issued as soon as their inputs exist (both are rungs of the ladder below).
+Where each consumed one is issued:
 
-* ``just_in_time`` (default): as late as still lets it finish before it is needed, planned
-  backwards over the group's FIFO on the compute clock: prefetching no earlier than needed
-  keeps buffers short-lived.
+* ``just_in_time``: as late as still lets it finish before it is needed, planned backwards
+  over the group's FIFO on the backbone's compute clock (the chains' own compute is left out:
+  ``slack`` covers it): prefetching no earlier than needed keeps buffers short-lived.
 * ``early``: as early as its inputs allow, at most ``prefetch_limit_ns`` of compute ahead.
   Issuing early also pulls the chains' casts forward, and that compute can hide a gather
   that nothing else could.
@@ -93,7 +94,11 @@ def overlap_schedule(
     for policy, on_completion, flush_early in itertools.product(policies, (False, True), (False, True)):
         for in_flight in _IN_FLIGHT_LADDER:  # most to least aggressive: stop at the first that fits
             issue, wait, prio, after = _plan(pl, items, config, policy, on_completion, in_flight, flush_early)
-            sched = assemble(pl, issue, wait, buckets, multi_dtype, prio, after)
+            try:
+                sched = assemble(pl, issue, wait, buckets, multi_dtype, prio, after)
+            except ValueError as e:  # a bucket the cross-group reads push past a member's need
+                log.debug("overlap_schedule: rung %s skipped: %s", (policy, on_completion, flush_early, in_flight), e)
+                continue
             res = simulate(problem, sched)
             if res.peak_memory_bytes <= budget:
                 if best is None or (res.makespan_ns, res.peak_memory_bytes) < best[0]:
@@ -101,6 +106,9 @@ def overlap_schedule(
                 break
             if fallback is None or res.peak_memory_bytes < fallback[0]:
                 fallback = (res.peak_memory_bytes, sched)
+    if best is None and fallback is None:
+        log.warning("overlap_schedule: no rung could place the %d buckets; scheduling without them", len(buckets))
+        return overlap_schedule(problem, (), config=config, placement=pl)
     original = Schedule.original(problem)
     res0 = simulate(problem, original)
     if best is not None:

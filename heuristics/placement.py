@@ -2,8 +2,8 @@
 
 The **backbone** is every op that is neither a collective, nor a wait, nor in a collective's
 **producer-only chain**, kept in the original order (so the order of heavy compute is kept, as
-Inductor does). A chain is the cheap ops (casts, views, copy-in) that feed nothing but their
-collective: in Llama graphs every parameter all_gather sits right behind its own bf16 cast, so
+Inductor does). A chain is the non-heavy ops (casts, views, copy-in) that feed nothing but their
+collective, whatever they cost: in Llama graphs every parameter all_gather sits right behind its own bf16 cast, so
 moving the collective alone would hide nothing (Inductor's ``_schedule_path_to_collective``).
 
 Slot ``k`` is the gap just before backbone op ``k`` (slot ``len(backbone)`` is the end). A
@@ -87,16 +87,46 @@ class Placement:
                     elif by_name[d].waits_on is not None:
                         e = max(e, earliest[by_name[d].waits_on])
             earliest[c] = e
-        units = {}
-        for c, chain in chains.items():
+        # need: before the first backbone op that reads the wait, and no later than the latest
+        # issue of any collective whose unit reads it (settled first: reverse original order).
+        # Where that reader is actually issued is known only once a scheduler has chosen:
+        # :meth:`reconcile` then pulls the wait up to it.
+        readers: dict[str, list[str]] = {c: [] for c in chains}
+        need_of: dict[str, int] = {}
+        for c in sorted(chains, key=problem.index.__getitem__, reverse=True):
             need = self.n_slots - 1
             for u in problem.users[problem.wait_of[c]]:
                 if u in self.slot_of_backbone:
                     need = min(need, self.slot_of_backbone[u])
-                elif u in in_unit:  # another collective's unit reads it: wait before that issue
-                    need = min(need, earliest[in_unit[u]])
-            units[c] = Unit(c, chain, earliest[c], need)
-        self.units: dict[str, Unit] = units
+                elif u in in_unit:
+                    if in_unit[u] not in readers[c]:
+                        readers[c].append(in_unit[u])
+                    need = min(need, need_of[in_unit[u]])
+            need_of[c] = need
+        self.units: dict[str, Unit] = {c: Unit(c, chains[c], earliest[c], need_of[c]) for c in chains}
+        self.readers: dict[str, tuple[str, ...]] = {c: tuple(r) for c, r in readers.items()}
+
+    def reconcile(
+        self, issue: dict[str, int], wait: dict[str, int], buckets: Sequence[Sequence[str]] = ()
+    ) -> None:
+        """Make chosen slots consistent where a collective reads another's wait: the reader
+        (its whole bucket) is issued no earlier than the collective it reads, and that wait is
+        placed no later than the reader's issue; a collective raised here has its wait moved
+        no earlier than its new issue. Mutates ``issue`` and ``wait``."""
+        bucket_of = {m: tuple(b) for b in buckets for m in b}
+        raised: set[str] = set()
+        for c in sorted(self.units, key=self.problem.index.__getitem__):
+            for u in self.readers[c]:
+                if issue[u] < issue[c]:
+                    for m in bucket_of.get(u, (u,)):
+                        if issue[m] < issue[c]:
+                            issue[m] = issue[c]
+                            raised.add(m)
+        for c in self.units:
+            if self.readers[c]:
+                wait[c] = min(wait[c], *(issue[u] for u in self.readers[c]))
+            if c in raised:
+                wait[c] = max(wait[c], issue[c])
 
     def slot_at_or_before(self, t: int, lo: int, hi: int) -> int:
         """The last slot in [lo, hi] whose compute clock is <= t (lo if none)."""
@@ -139,7 +169,7 @@ def assemble(
     issue_after: Mapping[str, Sequence[str]] | None = None,
 ) -> Schedule:
     """Build the schedule that issues each collective (right after its chain) at ``issue[c]``
-    and waits at ``wait[c]``.
+    and waits at ``wait[c]``, after :meth:`Placement.reconcile`.
 
     Within a slot, each collective's chain and issue form one contiguous block. Blocks go
     before waits, each in ``priority`` order (default: original order), subject to: data
@@ -148,6 +178,8 @@ def assemble(
     """
     p = placement.problem
     prio = priority or {}
+    issue, wait = dict(issue), dict(wait)
+    placement.reconcile(issue, wait, buckets)
     at: list[list[str]] = [[] for _ in range(placement.n_slots)]
     for c, unit in placement.units.items():
         s, w = issue[c], wait[c]
@@ -157,23 +189,42 @@ def assemble(
         at[w].append(p.wait_of[c])
     before: dict[str, set[str]] = {}  # item -> items that must precede it (when in its slot)
     for c, unit in placement.units.items():
-        deps = before.setdefault(c, set(issue_after.get(c, ()) if issue_after else ()))
+        deps = before.setdefault(c, set())
         for m in (*unit.chain, c):
             deps.update(d for d in p.op_by_name[m].deps if p.op_by_name[d].kind is OpKind.WAIT)
         before[p.wait_of[c]] = {c}
     for b in buckets:
         for m in b:
             before[p.wait_of[m]].update(b)
+    def own_key(n: str) -> tuple[bool, int, int]:
+        return (p.op_by_name[n].kind is OpKind.WAIT, prio.get(p.op_by_name[n].waits_on or n, 0), p.index[n])
+
     order: list[str] = []
     for k, items in enumerate(at):
         if items:
-            for n in _local_topo(items, before, lambda n: (
-                    p.op_by_name[n].kind is OpKind.WAIT, prio.get(p.op_by_name[n].waits_on or n, 0),
-                    p.index[n])):
+            # a wait that a block needs goes as soon as that block would (it must precede it)
+            key = {n: own_key(n) for n in items}
+            changed = True
+            while changed:
+                changed = False
+                for n in items:
+                    for d in before.get(n, ()):
+                        if d in key and key[n] < key[d]:
+                            key[d], changed = key[n], True
+            soft = {n: set(issue_after.get(n, ())) for n in items} if issue_after else {}
+            try:  # issue_after edges are preferences: drop them if they close a cycle
+                ordered = _local_topo(items, _union(before, soft), key.__getitem__)
+            except ValueError:
+                ordered = _local_topo(items, before, key.__getitem__)
+            for n in ordered:
                 order.extend((*placement.units[n].chain, n) if n in placement.units else (n,))
         if k < len(placement.backbone):
             order.append(placement.backbone[k])
     return Schedule(order=tuple(order), buckets=tuple(tuple(b) for b in buckets), multi_dtype=multi_dtype)
+
+
+def _union(a: Mapping[str, set[str]], b: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    return {k: a.get(k, set()) | b.get(k, set()) for k in {*a, *b}}
 
 
 def _local_topo(items: list[str], before: Mapping[str, set[str]], key) -> list[str]:  # noqa: ANN001
