@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..solver.problem import OpKind, ScheduleProblem
+from ..solver.problem import OpKind, ScheduleProblem, topological_order
 from ..solver.schedule import Schedule
 
 
@@ -229,25 +229,6 @@ def _union(a: Mapping[str, set[str]], b: Mapping[str, set[str]]) -> dict[str, se
 
 def _local_topo(items: list[str], before: Mapping[str, set[str]], key) -> list[str]:  # noqa: ANN001
     """Order ``items`` so that each comes after those of ``before[item]`` present here,
-    smallest ``key`` first when free."""
+    smallest ``key`` first when free (raises ProblemError, a ValueError, on a cycle)."""
     present = set(items)
-    indeg = {n: 0 for n in items}
-    users: dict[str, list[str]] = {n: [] for n in items}
-    for n in items:
-        for d in before.get(n, ()):
-            if d in present:
-                indeg[n] += 1
-                users[d].append(n)
-    heap = [(key(n), n) for n in items if indeg[n] == 0]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        _, n = heapq.heappop(heap)
-        out.append(n)
-        for u in users[n]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(heap, (key(u), u))
-    if len(out) != len(items):
-        raise ValueError("cycle among ops placed in one slot")
-    return out
+    return topological_order(items, {n: [d for d in before.get(n, ()) if d in present] for n in items}, key)

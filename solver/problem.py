@@ -14,10 +14,11 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
+from typing import Any
 
 
 class ProblemError(ValueError):
@@ -394,8 +395,11 @@ def _reaches(p: ScheduleProblem, src: str, dst: str, seen: dict[str, int]) -> bo
     return False
 
 
-def topological_order(names: Iterable[str], deps: dict[str, Sequence[str]]) -> list[str]:
-    """Kahn's algorithm, stable in the given order; raises ProblemError naming a node on a cycle."""
+def topological_order(
+    names: Iterable[str], deps: dict[str, Sequence[str]], key: Callable[[str], Any] | None = None
+) -> list[str]:
+    """Kahn's algorithm: smallest ``key`` first among the free nodes (default: the given order).
+    Raises ProblemError naming a node on a cycle."""
     names = list(names)
     indeg = {n: 0 for n in names}
     users: dict[str, list[str]] = {n: [] for n in names}
@@ -405,8 +409,10 @@ def topological_order(names: Iterable[str], deps: dict[str, Sequence[str]]) -> l
                 raise ProblemError(f"node {n!r}: unknown dependency {d!r}")
             indeg[n] += 1
             users[d].append(n)
-    pos = {n: i for i, n in enumerate(names)}
-    heap = [(pos[n], n) for n in names if indeg[n] == 0]
+    if key is None:
+        pos = {n: i for i, n in enumerate(names)}
+        key = pos.__getitem__
+    heap = [(key(n), n) for n in names if indeg[n] == 0]
     heapq.heapify(heap)
     out: list[str] = []
     while heap:
@@ -415,7 +421,7 @@ def topological_order(names: Iterable[str], deps: dict[str, Sequence[str]]) -> l
         for u in users[n]:
             indeg[u] -= 1
             if indeg[u] == 0:
-                heapq.heappush(heap, (pos[u], u))
+                heapq.heappush(heap, (key(u), u))
     if len(out) != len(names):
         stuck = next(n for n in names if indeg[n] > 0)
         raise ProblemError(f"cycle through node {stuck!r}")

@@ -13,6 +13,7 @@ from fxsched.heuristics.overlap import overlap_schedule
 from fxsched.heuristics.placement import Placement, Unit, assemble, producer_only_chain
 from fxsched.solver import Schedule, ScheduleProblem, check_schedule, simulate
 
+from tests.heuristics.test_overlap import blocked_first_problem
 from tests.solver.solver_builders import (
     coll,
     compute,
@@ -301,18 +302,7 @@ def test_assemble_keeps_group_order_when_the_first_is_blocked_by_a_wait() -> Non
       c0 0-100, w0 stalls 100, cy 100-200, cx 200-500 (B busy), wy stalls 100, X 200-300,
       Y 300-400, wx stalls 100, Z 500-600: makespan 600.
     With cx first (c0, cx, w0, cy, ...): cx 0-300, cy 300-400, wy stalls until 400, Z ends 700."""
-    p = make_problem([
-        coll("c0", "A", runtime_ns=100, uses=["W0"], allocates=["G0"]),
-        wait("w0", "c0", uses=["G0"]),
-        coll("cy", "B", runtime_ns=100, deps=["w0"], uses=["G0"], allocates=["Gy"]),
-        wait("wy", "cy", uses=["Gy"]),
-        compute("X", 100, deps=["wy"], uses=["Gy"]),
-        coll("cx", "B", runtime_ns=300, uses=["W1"], allocates=["Gx"]),
-        compute("Y", 100),
-        wait("wx", "cx", uses=["Gx"]),
-        compute("Z", 100, deps=["wx"], uses=["Gx"]),
-    ], [storage("W0", 10, param=True), storage("W1", 10, param=True), storage("G0", 100),
-        storage("Gy", 100), storage("Gx", 100)])
+    p = blocked_first_problem()
     pl = Placement(p)
     assert pl.backbone == ("X", "Y", "Z")
     sched = assemble(pl, {"c0": 0, "cy": 0, "cx": 0}, {"c0": 0, "cy": 0, "cx": 2},
