@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..solver.problem import ScheduleProblem
-from ..solver.schedule import Schedule
+from ..solver.schedule import Schedule, ScheduleError, check_schedule
 from ..solver.simulator import memory_curve, simulate
 from .placement import Placement, assemble
 
@@ -90,6 +90,7 @@ def overlap_schedule(
     items = _items(problem, pl, buckets, multi_dtype)
     best: tuple[tuple[int, int], Schedule] | None = None
     fallback: tuple[int, Schedule] | None = None
+    seen: set[Schedule] = set()
     policies = ("just_in_time", "early", "keep") if config.policy == "auto" else (config.policy,)
     for policy, on_completion, flush_early in itertools.product(policies, (False, True), (False, True)):
         for in_flight in _IN_FLIGHT_LADDER:  # most to least aggressive: stop at the first that fits
@@ -99,7 +100,10 @@ def overlap_schedule(
             except ValueError as e:  # a bucket the cross-group reads push past a member's need
                 log.debug("overlap_schedule: rung %s skipped: %s", (policy, on_completion, flush_early, in_flight), e)
                 continue
-            res = simulate(problem, sched)
+            if sched in seen:  # rungs often coincide; score each schedule once
+                continue
+            seen.add(sched)
+            res = simulate(problem, sched, check=False)  # the one returned is checked below
             if res.peak_memory_bytes <= budget:
                 if best is None or (res.makespan_ns, res.peak_memory_bytes) < best[0]:
                     best = ((res.makespan_ns, res.peak_memory_bytes), sched)
@@ -114,14 +118,22 @@ def overlap_schedule(
     if best is not None:
         if res0.peak_memory_bytes <= budget and res0.makespan_ns < best[0][0]:
             return original
-        return best[1]
+        return _checked(problem, best[1])
     if res0.peak_memory_bytes <= budget:
         log.info("overlap_schedule: no overlapped schedule fits %d bytes; keeping the original order", budget)
         return original
     assert fallback is not None
     log.warning("overlap_schedule: memory budget %d bytes is below every schedule tried; "
                 "returning the one with the lowest peak", budget)
-    return original if res0.peak_memory_bytes <= fallback[0] else fallback[1]
+    return original if res0.peak_memory_bytes <= fallback[0] else _checked(problem, fallback[1])
+
+
+def _checked(problem: ScheduleProblem, schedule: Schedule) -> Schedule:
+    """Raise ScheduleError if a bug made an invalid schedule (never hand one out)."""
+    violations = check_schedule(problem, schedule)
+    if violations:
+        raise ScheduleError(violations)
+    return schedule
 
 
 def _items(problem: ScheduleProblem, pl: Placement, buckets: Sequence[Sequence[str]], multi_dtype: bool) -> list[_Item]:

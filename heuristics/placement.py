@@ -213,7 +213,8 @@ def assemble(
                             key[d], changed = key[n], True
             soft = {n: set(issue_after.get(n, ())) for n in items} if issue_after else {}
             try:  # issue_after edges are preferences: drop them if they close a cycle
-                ordered = _local_topo(items, _union(before, soft), key.__getitem__)
+                ordered = _local_topo(items, {n: before.get(n, set()) | soft.get(n, set()) for n in items},
+                                      key.__getitem__)
             except ValueError:
                 ordered = _local_topo(items, before, key.__getitem__)
             for n in ordered:
@@ -221,10 +222,6 @@ def assemble(
         if k < len(placement.backbone):
             order.append(placement.backbone[k])
     return Schedule(order=tuple(order), buckets=tuple(tuple(b) for b in buckets), multi_dtype=multi_dtype)
-
-
-def _union(a: Mapping[str, set[str]], b: Mapping[str, set[str]]) -> dict[str, set[str]]:
-    return {k: a.get(k, set()) | b.get(k, set()) for k in {*a, *b}}
 
 
 def _local_topo(items: list[str], before: Mapping[str, set[str]], key) -> list[str]:  # noqa: ANN001
