@@ -435,3 +435,27 @@ def test_move_chains_false_leaves_the_cast_behind() -> None:
     assert with_chain.order == ("cast", "ag", "A", "B", "w", "C")
     assert without.order == ("A", "cast", "ag", "B", "w", "C")
     assert (r1.exposed_ns, r2.exposed_ns) == (0, 50)
+
+
+def test_assume_bucketed_shortens_a_same_key_successor_by_its_latency() -> None:
+    """Backbone X0..X4, 100 each (clock 0, 100, ..., 500). c1, c2: all_gathers on A (same key),
+    150 each, inputs ready at the start; X3 reads c1 (need slot 3), X4 reads c2 (need slot 4).
+    The comm curve's latency is runtime(0) = 100. just_in_time, slack 0, plans backwards:
+      plain:   c2 ends by 400, starts 250 -> slot 2; c1 ends by min(300, 250), starts 100 -> slot 1.
+      assumed: c2 counts 150 - 100 = 50: ends by 400, starts 350 -> slot 3; c1 ends by 300,
+               starts 150 -> slot 1.
+    Simulated without a bucket the assumption costs: c2 issued at 300 runs 300-450, so X4 waits
+    50 (exposed 50, makespan 550) where the plain plan hides both (makespan 500)."""
+    p = make_problem([
+        compute("X0", 100), compute("X1", 100), compute("X2", 100),
+        coll("c1", runtime_ns=150), wait("w1", "c1"), compute("X3", 100, deps=["w1"]),
+        coll("c2", runtime_ns=150), wait("w2", "c2"), compute("X4", 100, deps=["w2"]),
+    ])
+    plain, r_plain = run(p, policy="just_in_time", slack=0.0, memory_budget_bytes=BIG)
+    assumed, r_assumed = run(p, policy="just_in_time", slack=0.0, memory_budget_bytes=BIG, assume_bucketed=True)
+    assert before(plain.order, "X0", "c1") and before(plain.order, "c1", "X1")
+    assert before(plain.order, "X1", "c2") and before(plain.order, "c2", "X2")
+    assert before(assumed.order, "X0", "c1") and before(assumed.order, "c1", "X1")
+    assert before(assumed.order, "X2", "c2") and before(assumed.order, "c2", "X3")
+    assert (r_plain.makespan_ns, r_plain.exposed_ns) == (500, 0)
+    assert (r_assumed.makespan_ns, r_assumed.exposed_ns) == (550, 50)
