@@ -23,6 +23,7 @@ from fxsched.solver import (
     simulate,
 )
 
+from tests.heuristics.test_classic import cast_problem
 from tests.solver.solver_builders import RS, coll, compute, make_problem, storage, wait
 
 BIG = 10**9  # a memory budget nothing reaches
@@ -422,14 +423,7 @@ def test_move_chains_false_leaves_the_cast_behind() -> None:
     w at 210 no stall: exposed 0. Without: cast is backbone (clock 0, 100, 110, 210, 310), ag's
     earliest is slot 2; start by 210 - 7 - 150 = 53 < clock[2]: slot 2. A 0-100, cast 100-110,
     ag 110-260, B 110-210, w at 210 stalls 50: exposed 50."""
-    p = make_problem([
-        compute("A", 100),
-        compute("cast", 10, uses=["W"], allocates=["S"]),
-        coll("ag", runtime_ns=150, deps=["cast"], uses=["S"], allocates=["G"]),
-        wait("w", "ag", uses=["G"]),
-        compute("B", 100),
-        compute("C", 100, deps=["w"], uses=["G"]),
-    ], [storage("W", 10, param=True), storage("S", 50), storage("G", 100)])
+    p = cast_problem()
     with_chain, r1 = run(p)
     without, r2 = run(p, move_chains=False)
     assert with_chain.order == ("cast", "ag", "A", "B", "w", "C")
