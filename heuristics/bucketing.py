@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule
 from ..solver.simulator import simulate
-from .overlap import OverlapConfig, original_peak, overlap_schedule
+from .overlap import OverlapConfig, memory_budget, overlap_schedule
 from .placement import Placement
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ def bucketed_overlap(
                     len(buckets), err)
         return base
     r0 = simulate(problem, base)
-    budget = config.memory_budget_bytes if config.memory_budget_bytes is not None else original_peak(problem)
+    budget = memory_budget(problem, config)
     if r1.makespan_ns < r0.makespan_ns and r1.peak_memory_bytes <= max(budget, r0.peak_memory_bytes):
         log.info("bucketed_overlap: %d buckets: makespan %d -> %d ns", len(buckets),
                  r0.makespan_ns, r1.makespan_ns)

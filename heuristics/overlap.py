@@ -76,6 +76,11 @@ def original_peak(problem: ScheduleProblem) -> int:
     return max([initial, *curve])
 
 
+def memory_budget(problem: ScheduleProblem, config: OverlapConfig) -> int:
+    """The budget ``config`` sets: its bytes, or by default the original order's peak."""
+    return config.memory_budget_bytes if config.memory_budget_bytes is not None else original_peak(problem)
+
+
 def overlap_schedule(
     problem: ScheduleProblem,
     buckets: Sequence[Sequence[str]] = (),
@@ -86,7 +91,9 @@ def overlap_schedule(
 ) -> Schedule:
     """The best schedule over the memory ladder that fits the budget (see module docstring)."""
     pl = placement or Placement(problem, config.move_chains)
-    budget = config.memory_budget_bytes if config.memory_budget_bytes is not None else original_peak(problem)
+    original = Schedule.original(problem)
+    res0 = simulate(problem, original)
+    budget = config.memory_budget_bytes if config.memory_budget_bytes is not None else res0.peak_memory_bytes
     items = _items(problem, pl, buckets, multi_dtype)
     best: tuple[tuple[int, int], Schedule] | None = None
     fallback: tuple[int, Schedule] | None = None
@@ -113,8 +120,6 @@ def overlap_schedule(
     if best is None and fallback is None:
         log.warning("overlap_schedule: no rung could place the %d buckets; scheduling without them", len(buckets))
         return overlap_schedule(problem, (), config=config, placement=pl)
-    original = Schedule.original(problem)
-    res0 = simulate(problem, original)
     if best is not None:
         if res0.peak_memory_bytes <= budget and res0.makespan_ns < best[0][0]:
             return original

@@ -23,7 +23,7 @@ from fxsched.solver import (
     simulate,
 )
 
-from tests.heuristics.test_classic import cast_problem
+from tests.heuristics.test_classic import cast_problem, simple_problem
 from tests.solver.solver_builders import RS, coll, compute, make_problem, storage, wait
 
 BIG = 10**9  # a memory budget nothing reaches
@@ -393,13 +393,7 @@ def test_keep_policy_moves_only_the_wait() -> None:
     A (100) | c (150): W -> G | w | B (100) | C (100) reads G. Original A, c, w, B, C: c 100-250,
     w stalls 150, B 250-350, C 350-450. keep: A, c, B, w, C: B 100-200, w at 200 stalls 50,
     C 250-350: exposed 50, makespan 350. (auto prefetches c before A: c 0-150, w at 200: 0.)"""
-    p = make_problem([
-        compute("A", 100),
-        coll("c", runtime_ns=150, uses=["W"], allocates=["G"]),
-        wait("w", "c", uses=["G"]),
-        compute("B", 100),
-        compute("C", 100, deps=["w"], uses=["G"]),
-    ], [storage("W", 10, param=True), storage("G", 100)])
+    p = simple_problem()
     sched, r = run(p, policy="keep")
     assert sched.order == ("A", "c", "B", "w", "C")
     assert (r.exposed_ns, r.makespan_ns) == (50, 350)
