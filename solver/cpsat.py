@@ -1,0 +1,370 @@
+"""``solve``: the CP-SAT scheduler, warm-started by the heuristics, scored by the one simulator.
+
+    result = solve(problem, time_budget_s=10)            # fixed heavy-compute order, buckets on
+    result = solve(problem, 10, SolveConfig(mode="free"))  # any topological order (small graphs)
+
+The model (cpsat_frame / cpsat_model / cpsat_memory) decides buckets, issue and wait positions
+and FIFO orders; the returned schedule is always re-scored by :func:`simulate`, and
+``Result.objective`` is that simulated makespan. ``lower_bound`` is CP-SAT's proven bound on
+the makespan over the modelled space (the mode, bucket candidates, slots and windows of the
+config), never below the total compute.
+
+Determinism (every rank must apply the same schedule): with ``deterministic=True`` (default)
+the search is limited by ``max_deterministic_time`` only, with a fixed seed and worker count
+(``interleave_search`` when workers > 1), so identical inputs give identical schedules.
+
+Link contention (``problem.link_contention > 0``) is not modelled: the model plans without it
+and the simulator scores the result with it; ``Result.exact`` is then False.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ortools.sat.python import cp_model
+
+from ..heuristics.bucketing import bucketed_overlap
+from ..heuristics.overlap import OverlapConfig, overlap_schedule
+from .cpsat_frame import Frame, FrameOptions, build_frame, order_pairs
+from .cpsat_model import ModelBuilder
+from .problem import OpKind, ScheduleProblem
+from .schedule import Schedule, placements
+from .simulator import simulate
+
+log = logging.getLogger(__name__)
+
+
+class Status(str, Enum):
+    OPTIMAL = "optimal"  # proven optimal over the modelled space
+    FEASIBLE = "feasible"  # a CP-SAT schedule, not proven optimal
+    HEURISTIC = "heuristic"  # CP-SAT found nothing better in time: the heuristic's schedule
+    INFEASIBLE = "infeasible"  # nothing fits the memory budget; see min_feasible_budget_bytes
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a progress callback sees at each improving CP-SAT solution."""
+
+    time_s: float
+    objective_ns: int  # the model's makespan of the new solution
+    bound_ns: int
+
+
+@dataclass(frozen=True)
+class SolveConfig:
+    mode: str = "fixed"  # "fixed" heavy-compute order, or "free" topological order
+    bucketing: bool = True
+    multi_dtype: bool = False
+    bucket_cap_bytes: int | None = None
+    max_bucket_size: int = 4
+    bucket_window: int = 4  # candidates: subsets of this many consecutive same-key collectives
+    memory_budget: int | float | None = None  # bytes (int), ratio of the original peak (float); None: 1.0
+    coarsen: bool = True
+    coarsen_threshold_ns: int = 20_000
+    max_ahead: int | None = None  # issue at most this many collectives ahead per group (None: any)
+    plan: tuple[tuple[str, ...], ...] = ()  # buckets that must be formed (module plans)
+    pinned: tuple[tuple[str, str], ...] = ()  # (a, b): op a runs before op b
+    seed: int = 0
+    workers: int = 1
+    deterministic: bool = True
+    minimize_peak: bool = True  # second phase: lowest peak at the best makespan
+    peak_phase_fraction: float = 0.2
+    max_order_literals: int = 40_000  # above this, neighbourhood rounds around the incumbent
+    lns_rounds: int = 3
+    lns_radius: int = 6
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("fixed", "free"):
+            raise ValueError(f"SolveConfig.mode must be 'fixed' or 'free', got {self.mode!r}")
+        if self.workers < 1:
+            raise ValueError("SolveConfig.workers must be >= 1")
+        b = self.memory_budget
+        if b is not None and (isinstance(b, bool) or b <= 0):
+            raise ValueError(f"SolveConfig.memory_budget must be > 0 bytes or a ratio > 0, got {b!r}")
+
+    def frame_options(self) -> FrameOptions:
+        return FrameOptions(self.mode, self.bucketing, self.multi_dtype, self.bucket_cap_bytes,
+                            self.max_bucket_size, self.bucket_window, self.coarsen,
+                            self.coarsen_threshold_ns, self.max_ahead, self.plan)
+
+
+@dataclass(frozen=True)
+class Result:
+    """A solver-neutral answer. ``objective`` is the simulated makespan of ``schedule``."""
+
+    status: Status
+    objective: int
+    lower_bound: int
+    runtime: float
+    schedule: Schedule
+    method: str
+    peak_memory_bytes: int
+    budget_bytes: int
+    model_objective: int | None = None  # CP-SAT's makespan for its own schedule
+    min_feasible_budget_bytes: int | None = None
+    exact: bool = True
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        """(objective - lower_bound) / objective: 0 when proven optimal."""
+        return 0.0 if self.objective <= 0 else max(0.0, (self.objective - self.lower_bound) / self.objective)
+
+
+def resolve_budget(problem: ScheduleProblem, budget: int | float | None) -> int:
+    """Bytes from a budget given in bytes (int), as a ratio of the original peak (float), or None (1.0)."""
+    if isinstance(budget, int):
+        return budget
+    ratio = 1.0 if budget is None else budget
+    return int(simulate(problem).peak_memory_bytes * ratio)
+
+
+def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig) -> tuple[str, Schedule]:
+    """The best heuristic schedule within the budget (fixed-order overlap, with and without buckets)."""
+    oc = OverlapConfig(memory_budget_bytes=budget_bytes)
+    tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
+    if config.bucketing and not config.plan:
+        cap = config.bucket_cap_bytes if config.bucket_cap_bytes is not None else 1 << 62
+        tries.append(("bucket+overlap", lambda: bucketed_overlap(
+            problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc)))
+    best: tuple[tuple[bool, int, int], str, Schedule] | None = None
+    for name, fn in tries:
+        sched = fn()
+        r = simulate(problem, sched)
+        key = (r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes)
+        if best is None or key < best[0]:
+            best = (key, name, sched)
+    assert best is not None
+    return best[1], best[2]
+
+
+class _Callback(cp_model.CpSolverSolutionCallback):
+    def __init__(self, makespan: cp_model.IntVar, fn: Callable[[Progress], None] | None, t0: float):
+        super().__init__()
+        self.makespan, self.fn, self.t0 = makespan, fn, t0
+
+    def on_solution_callback(self) -> None:
+        if self.fn is not None:
+            self.fn(Progress(time.perf_counter() - self.t0, int(self.ObjectiveValue()), int(self.BestObjectiveBound())))
+
+
+def solve(
+    problem: ScheduleProblem,
+    time_budget_s: float = 10.0,
+    config: SolveConfig = SolveConfig(),
+    *,
+    hint: Schedule | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> Result:
+    """Schedule ``problem`` with CP-SAT within ``time_budget_s`` (see module docstring)."""
+    t0 = time.perf_counter()
+    budget = resolve_budget(problem, config.memory_budget)
+    if problem.link_contention:
+        log.warning("solve: link contention %.2f is not modelled; the simulator scores it", problem.link_contention)
+    h_name, h_sched = ("hint", hint) if hint is not None else warm_start(problem, budget, config)
+    h_res = simulate(problem, h_sched)
+    compute_ns = sum(op.runtime_ns for op in problem.ops if op.kind is OpKind.COMPUTE)
+    frame = build_frame(problem, config.frame_options())
+    pairs = order_pairs(frame)
+    if config.mode == "fixed" and pairs > config.max_order_literals:
+        return _neighbourhood_solve(problem, config, budget, (h_name, h_sched, h_res), time_budget_s, t0,
+                                    compute_ns, progress, pairs)
+    builder = ModelBuilder(frame, budget, config.pinned)
+    builder.build()
+    builder.minimize_makespan()
+    _add_hint(builder, h_sched)
+    stats = _stats(builder, time.perf_counter() - t0)
+    solver = _solver(config, time_budget_s * (1 - config.peak_phase_fraction if config.minimize_peak else 1))
+    status = solver.Solve(builder.model, _Callback(builder.v.makespan, progress, t0))
+    exact = not problem.link_contention
+
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        model_obj = int(solver.Value(builder.v.makespan))
+        bound = max(compute_ns, int(solver.BestObjectiveBound()))
+        sched = decode(builder, solver)
+        if config.minimize_peak:
+            sched = _peak_phase(builder, solver, model_obj, config, time_budget_s * config.peak_phase_fraction) or sched
+        res = simulate(problem, sched)
+        cp_status = Status.OPTIMAL if status == cp_model.OPTIMAL else Status.FEASIBLE
+        if h_res.peak_memory_bytes <= budget and (h_res.makespan_ns, h_res.peak_memory_bytes) < (
+                res.makespan_ns, res.peak_memory_bytes):
+            log.info("solve: the heuristic %s (%d ns) beats the CP-SAT schedule (%d ns)", h_name,
+                     h_res.makespan_ns, res.makespan_ns)
+            return Result(Status.HEURISTIC, h_res.makespan_ns, min(bound, h_res.makespan_ns),
+                          time.perf_counter() - t0, h_sched, f"heuristic:{h_name}", h_res.peak_memory_bytes,
+                          budget, model_obj, exact=exact, stats=stats)
+        return Result(cp_status, res.makespan_ns, min(bound, res.makespan_ns), time.perf_counter() - t0, sched,
+                      "cpsat", res.peak_memory_bytes, budget, model_obj, exact=exact, stats=stats)
+
+    if status == cp_model.INFEASIBLE or h_res.peak_memory_bytes > budget:
+        return _infeasible(problem, frame, config, budget, h_sched, h_res, time_budget_s, t0, stats,
+                           proven=status == cp_model.INFEASIBLE)
+    log.warning("solve: CP-SAT found no schedule in %.1fs (%s); returning the heuristic %s",
+                time_budget_s, solver.StatusName(status), h_name)
+    return Result(Status.HEURISTIC, h_res.makespan_ns, compute_ns, time.perf_counter() - t0, h_sched,
+                  f"heuristic:{h_name}", h_res.peak_memory_bytes, budget, exact=exact, stats=stats)
+
+
+def _stats(builder: ModelBuilder, build_s: float) -> dict[str, int]:
+    f = builder.frame
+    stats = {"items": len(f.items), "candidates": len(f.candidates), "order_literals": len(builder.v.before),
+             "segments": len(f.segments), "build_ms": int(build_s * 1000)}
+    log.info("solve %s: %s", f.problem.name, stats)
+    return stats
+
+
+def centers_of(problem: ScheduleProblem, frame: Frame, sched: Schedule) -> tuple[tuple[str, int, int], ...]:
+    """Per collective, the backbone slots where ``sched`` issues and waits it (its bucket's)."""
+    pos = {op: i for i, op in enumerate(sched.order)}
+    bb = sorted(pos[b] for b in frame.backbone)
+    out = []
+    for p in placements(problem, sched):
+        i, w = bisect.bisect_left(bb, p.issue_pos), bisect.bisect_left(bb, p.wait_pos)
+        out.extend((m, i, w) for m in p.members)
+    return tuple(out)
+
+
+def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: int, heur: tuple,
+                         time_budget_s: float, t0: float, compute_ns: int,
+                         progress: Callable[[Progress], None] | None, full_pairs: int) -> Result:
+    """Large graphs: rounds of CP-SAT over the slots near the incumbent (first: the heuristic's).
+
+    The model's bound covers only the neighbourhood, so the reported bound is the total compute.
+    """
+    h_name, best, best_res = heur
+    method = f"heuristic:{h_name}"
+    stats: dict[str, int] = {"full_order_pairs": full_pairs}
+    rounds = max(1, config.lns_rounds)
+    for rnd in range(rounds):
+        base = build_frame(problem, config.frame_options())
+        centers = centers_of(problem, base, best)
+        radius, frame = config.lns_radius, None
+        while radius >= 0:
+            opts = dataclasses.replace(config.frame_options(), centers=centers, radius=radius,
+                                       bucketing=False, extra=best.buckets)
+            frame = build_frame(problem, opts)
+            if order_pairs(frame) <= config.max_order_literals or radius == 0:
+                break
+            radius -= 1
+        assert frame is not None
+        builder = ModelBuilder(frame, budget, config.pinned)
+        builder.build()
+        builder.minimize_makespan()
+        _add_hint(builder, best)
+        stats.update(_stats(builder, time.perf_counter() - t0))
+        stats["radius"] = radius
+        solver = _solver(config, time_budget_s / rounds)
+        status = solver.Solve(builder.model, _Callback(builder.v.makespan, progress, t0))
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            continue
+        sched = decode(builder, solver)
+        res = simulate(problem, sched)
+        if res.peak_memory_bytes <= budget and (res.makespan_ns, res.peak_memory_bytes) < (
+                best_res.makespan_ns, best_res.peak_memory_bytes):
+            best, best_res, method = sched, res, "cpsat-lns"
+            log.info("solve %s: round %d (radius %d): makespan %d ns", problem.name, rnd, radius, res.makespan_ns)
+        elif status == cp_model.OPTIMAL:
+            break  # the neighbourhood of the incumbent holds nothing better
+    st = Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC
+    if best_res.peak_memory_bytes > budget:
+        st = Status.INFEASIBLE
+    return Result(st, best_res.makespan_ns, compute_ns, time.perf_counter() - t0, best, method,
+                  best_res.peak_memory_bytes, budget,
+                  min_feasible_budget_bytes=best_res.peak_memory_bytes if st is Status.INFEASIBLE else None,
+                  exact=not problem.link_contention, stats=stats)
+
+
+def _solver(config: SolveConfig, time_s: float) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.random_seed = config.seed
+    prm.num_workers = config.workers
+    if config.deterministic:
+        prm.max_deterministic_time = max(time_s, 0.01)
+        # emergency stop only: a run that hits it is no longer reproducible (logged)
+        prm.max_time_in_seconds = max(10 * time_s, 30.0)
+        if config.workers > 1:
+            prm.interleave_search = True
+    else:
+        prm.max_time_in_seconds = max(time_s, 0.01)
+    return solver
+
+
+def _peak_phase(builder: ModelBuilder, solver: cp_model.CpSolver, makespan: int,
+                config: SolveConfig, time_s: float) -> Schedule | None:
+    """Lowest peak at a makespan no worse than ``makespan``, hinted with the phase-1 solution."""
+    m = builder.model
+    m.ClearHints()
+    for var in _hint_vars(builder):
+        m.AddHint(var, solver.Value(var))
+    builder.minimize_peak(makespan)
+    s2 = _solver(config, time_s)
+    st = s2.Solve(m)
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return decode(builder, s2)
+    return None
+
+
+def _hint_vars(builder: ModelBuilder) -> list:
+    v = builder.v
+    out = [*v.x.values(), *v.before.values(), *v.slot.values(), *v.start.values(), *v.end.values(),
+           *v.comm_start.values(), *v.seg_start, v.makespan, v.peak]
+    out += [k for k in v.key.values() if not isinstance(k, int)]
+    return out
+
+
+def _infeasible(problem: ScheduleProblem, frame: Frame, config: SolveConfig, budget: int, h_sched: Schedule,
+                h_res, time_budget_s: float, t0: float, stats: dict, proven: bool) -> Result:  # noqa: ANN001
+    """No schedule fits: find the lowest peak any schedule reaches (CP-SAT without a budget)."""
+    b = ModelBuilder(frame, None, config.pinned)
+    b.build()
+    b.model.Minimize(b.v.peak)
+    _add_hint(b, h_sched)
+    solver = _solver(config, max(time_budget_s * 0.5, 0.1))
+    st = solver.Solve(b.model)
+    best, best_res = h_sched, h_res
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        cand = decode(b, solver)
+        r = simulate(problem, cand)
+        if r.peak_memory_bytes < best_res.peak_memory_bytes:
+            best, best_res = cand, r
+    orig = simulate(problem)
+    if orig.peak_memory_bytes < best_res.peak_memory_bytes:
+        best, best_res = Schedule.original(problem), orig
+    log.warning("solve: no schedule fits %d bytes%s; the lowest peak found is %d bytes", budget,
+                " (proven)" if proven else "", best_res.peak_memory_bytes)
+    return Result(Status.INFEASIBLE, best_res.makespan_ns, 0, time.perf_counter() - t0, best, "min-peak",
+                  best_res.peak_memory_bytes, budget, min_feasible_budget_bytes=best_res.peak_memory_bytes,
+                  exact=not problem.link_contention, stats=stats)
+
+
+def decode(builder: ModelBuilder, solver: cp_model.CpSolver) -> Schedule:
+    """The program order of a CP-SAT solution: present items by key, each expanded to its ops."""
+    frame, v = builder.frame, builder.v
+    chosen = {c.index for c in frame.candidates if solver.Value(v.x[c.index])}
+    placed = []
+    for it in frame.items:
+        if it.candidate is not None and it.candidate not in chosen:
+            continue
+        key = v.key[it.index]
+        placed.append((key if isinstance(key, int) else solver.Value(key), it.index))
+    order = [op for _, i in sorted(placed) for op in frame.items[i].ops]
+    buckets = tuple(frame.candidates[k].members for k in sorted(chosen) if frame.candidates[k].is_bucket)
+    return Schedule(order=tuple(order), buckets=buckets, multi_dtype=frame.multi_dtype)
+
+
+def _add_hint(builder: ModelBuilder, sched: Schedule) -> None:
+    """Hint the model with ``sched``: candidate choices and item keys (CP-SAT completes the rest)."""
+    from .cpsat_hint import hint_values
+
+    for var, val in hint_values(builder, sched):
+        builder.model.AddHint(var, val)
+
+
+__all__ = ["Progress", "Result", "SolveConfig", "Status", "solve", "resolve_budget", "warm_start", "decode"]

@@ -1,0 +1,245 @@
+"""The CP-SAT model of the execution model over a :class:`Frame` (variables / constraints / objective).
+
+Decisions: which candidate (lone collective or bucket) holds each collective, the key (program
+position) of every movable item, and hence each group's FIFO order. Times follow from them:
+
+* the compute clock: an item starts no earlier than every item before it ends (pairwise order
+  literals; in fixed mode the backbone is a chain of segment intervals);
+* a collective starts no earlier than its issue block ends (chains and copy-in run first) and
+  than every collective issued before it on its group ends (FIFO); a wait ends no earlier than
+  its collective (plus the bucket copy-out);
+* memory: every storage is an interval on the key axis from the key of the op that allocates it
+  to one past the key of its last use, so a cumulative over keys bounds the memory at every
+  program position exactly as the simulator counts it.
+
+Every time constraint is a lower bound, so the model's makespan is an upper bound on the
+simulated makespan of the decoded order, and equal to it at an optimum (each simulated
+timeline is itself a model solution).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from .cpsat_frame import Frame, Item, ItemKind
+from .problem import OpKind
+
+_NEVER = -1
+
+
+@dataclass
+class ModelVars:
+    present: dict[int, object] = field(default_factory=dict)  # item -> literal (or True)
+    x: dict[int, cp_model.IntVar] = field(default_factory=dict)  # candidate -> chosen
+    key: dict[int, object] = field(default_factory=dict)  # item -> first key (var or int)
+    slot: dict[int, cp_model.IntVar] = field(default_factory=dict)  # fixed mode, movable items
+    start: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    end: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    seg_start: list[cp_model.IntVar] = field(default_factory=list)
+    seg_end: list[object] = field(default_factory=list)
+    comm_start: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    comm_end: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    before: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    makespan: cp_model.IntVar | None = None
+    peak: cp_model.IntVar | None = None
+
+
+class ModelBuilder:
+    """Builds the CP-SAT model for one frame. ``budget_bytes`` caps the peak (None: uncapped)."""
+
+    def __init__(self, frame: Frame, budget_bytes: int | None, pinned: tuple[tuple[str, str], ...] = ()):
+        self.frame = frame
+        self.problem = frame.problem
+        self.budget = budget_bytes
+        self.pinned = pinned
+        self.model = cp_model.CpModel()
+        self.v = ModelVars()
+        items = frame.items
+        self.movable = [it for it in items if it.kind is not ItemKind.FIXED]
+        self.horizon = (sum(it.cost_ns for it in items) + sum(c.runtime_ns for c in frame.candidates) + 1)
+        self.key_hi = frame.n_keys + 1  # keys are shifted by one: key 0 is "before the first op"
+
+    def build(self) -> cp_model.CpModel:
+        self.variables()
+        self.constraints()
+        return self.model
+
+    # ------------------------------------------------------------------ variables
+    def variables(self) -> None:
+        m, v, f = self.model, self.v, self.frame
+        for c in f.candidates:
+            v.x[c.index] = m.NewBoolVar(f"x_{c.index}")
+        for it in f.items:
+            v.present[it.index] = True if it.candidate is None else v.x[it.candidate]
+            if it.kind is ItemKind.FIXED:
+                v.key[it.index] = 1 + it.key  # type: ignore[operator]
+                continue
+            v.start[it.index] = m.NewIntVar(0, self.horizon, f"s_{it.index}")
+            v.end[it.index] = m.NewIntVar(0, self.horizon, f"e_{it.index}")
+            if f.mode == "fixed":
+                span = f.key_span
+                v.slot[it.index] = sl = m.NewIntVarFromDomain(cp_model.Domain.FromValues(it.slots), f"sl_{it.index}")
+                rank = m.NewIntVar(0, span - 1 - len(it.ops), f"r_{it.index}")
+                k = m.NewIntVar(1, self.key_hi, f"k_{it.index}")
+                m.Add(k == 1 + sl * span + rank)
+                v.key[it.index] = k
+            else:
+                v.key[it.index] = m.NewIntVar(1, f.n_keys - len(it.ops) + 1, f"k_{it.index}")
+        for c in f.candidates:
+            v.comm_start[c.index] = m.NewIntVar(0, self.horizon, f"cs_{c.index}")
+            v.comm_end[c.index] = m.NewIntVar(0, self.horizon, f"ce_{c.index}")
+        for a, b in f.segments:
+            s = m.NewIntVar(0, self.horizon, f"gs_{a}")
+            v.seg_start.append(s)
+            v.seg_end.append(s + sum(f.items[k].cost_ns for k in range(a, b)))
+        v.makespan = m.NewIntVar(0, self.horizon, "makespan")
+        v.peak = m.NewIntVar(0, sum(s.size_bytes for s in self.problem.storages) * 3 + 1, "peak")
+
+    # ---------------------------------------------------------------- constraints
+    def constraints(self) -> None:
+        self.choose_candidates()
+        self.item_durations()
+        self.backbone_chain()
+        self.pairwise_order()
+        self.collective_timing()
+        self.pins()
+        self.makespan_def()
+        self.memory()
+
+    def choose_candidates(self) -> None:
+        """Each collective is in exactly one chosen candidate (plan buckets are the only ones)."""
+        for name, cands in self.frame.cands_of.items():
+            self.model.AddExactlyOne(self.v.x[c] for c in cands)
+
+    def item_durations(self) -> None:
+        m, v = self.model, self.v
+        for it in self.movable:
+            if it.kind is ItemKind.WAIT:
+                m.Add(v.end[it.index] >= v.start[it.index] + it.cost_ns)
+            else:
+                m.Add(v.end[it.index] == v.start[it.index] + it.cost_ns)
+
+    def backbone_chain(self) -> None:
+        """Fixed mode: segments run in order; a movable item before/after a segment is ordered
+        with it on the clock, decided by its slot."""
+        f, m, v = self.frame, self.model, self.v
+        for g in range(1, len(f.segments)):
+            m.Add(v.seg_start[g] >= v.seg_end[g - 1])
+        for it in self.movable:
+            if f.mode != "fixed":
+                continue
+            lo, hi = min(it.slots), max(it.slots)
+            lit = v.present[it.index]
+            enf = [] if lit is True else [lit]
+            for g, (a, b) in enumerate(f.segments):
+                if b <= lo:
+                    if b == lo:
+                        m.Add(v.start[it.index] >= v.seg_end[g]).OnlyEnforceIf(enf)
+                elif a >= hi:
+                    if a == hi:
+                        m.Add(v.seg_start[g] >= v.end[it.index]).OnlyEnforceIf(enf)
+                else:
+                    first = m.NewBoolVar("")  # item in a slot at or before a
+                    m.Add(v.slot[it.index] <= a).OnlyEnforceIf(first)
+                    m.Add(v.slot[it.index] >= b).OnlyEnforceIf(first.Not())
+                    m.Add(v.seg_start[g] >= v.end[it.index]).OnlyEnforceIf([first, *enf])
+                    m.Add(v.start[it.index] >= v.seg_end[g]).OnlyEnforceIf([first.Not(), *enf])
+
+    def _order_free(self, a: Item, b: Item) -> bool:
+        """Whether a and b may both be present, and so need an order between them."""
+        f = self.frame
+        if a.candidate is not None and b.candidate is not None and a.candidate != b.candidate:
+            if set(f.candidates[a.candidate].members) & set(f.candidates[b.candidate].members):
+                return False
+        if f.mode == "fixed" and not set(a.slots) & set(b.slots):
+            return False  # their slots order them (through the segments between)
+        return True
+
+    def pairwise_order(self) -> None:
+        """Every two movable items that may share a place get an order literal (or a forced order
+        from data dependencies): keys, the clock and, for two issues of one group, FIFO."""
+        m, v, f = self.model, self.v, self.frame
+        for a, b in itertools.combinations(self.movable, 2):
+            if not self._order_free(a, b):
+                if f.mode == "fixed" and (a.index in b.deps or b.index in a.deps):
+                    first, second = (a, b) if a.index in b.deps else (b, a)
+                    self._precede(first, second, [])
+                continue
+            if a.index in b.deps or b.index in a.deps:
+                first, second = (a, b) if a.index in b.deps else (b, a)
+                self._precede(first, second, [])
+                continue
+            lit = m.NewBoolVar(f"b_{a.index}_{b.index}")
+            v.before[(a.index, b.index)] = lit
+            self._precede(a, b, [lit])
+            self._precede(b, a, [lit.Not()])
+
+    def _precede(self, a: Item, b: Item, enf: list) -> None:
+        """Under ``enf`` (and both present): a runs before b."""
+        m, v = self.model, self.v
+        enf = enf + [v.present[i.index] for i in (a, b) if v.present[i.index] is not True]
+        m.Add(v.key[b.index] >= v.key[a.index] + len(a.ops)).OnlyEnforceIf(enf)
+        m.Add(v.start[b.index] >= v.end[a.index]).OnlyEnforceIf(enf)
+        if a.kind is ItemKind.ISSUE and b.kind is ItemKind.ISSUE:
+            ca, cb = self.frame.candidates[a.candidate], self.frame.candidates[b.candidate]  # type: ignore[index]
+            if ca.group == cb.group:
+                m.Add(v.comm_start[cb.index] >= v.comm_end[ca.index]).OnlyEnforceIf(enf)
+
+    def collective_timing(self) -> None:
+        m, v, f = self.model, self.v, self.frame
+        by_group: dict[str, list] = {}
+        for c in f.candidates:
+            x = v.x[c.index]
+            m.Add(v.comm_end[c.index] == v.comm_start[c.index] + c.runtime_ns)
+            m.Add(v.comm_start[c.index] >= v.end[f.issue_item[c.index]]).OnlyEnforceIf(x)
+            w = f.wait_item[c.index]
+            m.Add(v.end[w] >= v.comm_end[c.index] + c.copy_out_ns).OnlyEnforceIf(x)
+            by_group.setdefault(c.group, []).append(m.NewOptionalIntervalVar(
+                v.comm_start[c.index], c.runtime_ns, v.comm_end[c.index], x, f"comm_{c.index}"))
+        for intervals in by_group.values():
+            m.AddNoOverlap(intervals)  # redundant with FIFO, helps propagation
+
+    def pins(self) -> None:
+        """User pins (a, b): op a runs before op b."""
+        m, v, f = self.model, self.v, self.frame
+        for a, b in self.pinned:
+            for ia, oa in f.op_items[a]:
+                for ib, ob in f.op_items[b]:
+                    enf = [v.present[i] for i in (ia, ib) if v.present[i] is not True]
+                    m.Add(v.key[ib] + ob >= v.key[ia] + oa + 1).OnlyEnforceIf(enf)
+
+    def makespan_def(self) -> None:
+        m, v, f = self.model, self.v, self.frame
+        if v.seg_end:
+            m.Add(v.makespan >= v.seg_end[-1])
+        for it in self.movable:
+            lit = v.present[it.index]
+            m.Add(v.makespan >= v.end[it.index]).OnlyEnforceIf([] if lit is True else [lit])
+
+    # --------------------------------------------------------------------- memory
+    def memory(self) -> None:
+        """Cumulative over keys: storages, bucket buffers, and (fixed mode) the constant base."""
+        from .cpsat_memory import MemoryModel  # one seam: storage life ranges in key space
+
+        MemoryModel(self).add()
+        if self.budget is not None:
+            self.model.Add(self.v.peak <= self.budget)
+
+    # ------------------------------------------------------------------ objective
+    def minimize_makespan(self) -> None:
+        self.model.Minimize(self.v.makespan)
+
+    def minimize_peak(self, makespan_cap: int) -> None:
+        self.model.ClearObjective()
+        self.model.Add(self.v.makespan <= makespan_cap)
+        self.model.Minimize(self.v.peak)
+
+    def op_key(self, item: int, offset: int):  # noqa: ANN201
+        return self.v.key[item] + offset
+
+
+def op_kind(frame: Frame, op: str) -> OpKind:
+    return frame.problem.op_by_name[op].kind
