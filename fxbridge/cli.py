@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from ..solver.cpsat import SolveConfig, solve
 from ..solver.serialization import load_problem, load_schedule, save_problem
 from ..solver.simulator import simulate
 from .report import Row, graph_summary, original_row, rows_table, scheduler_rows
@@ -37,7 +38,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for label, value in graph_summary(problem):
         print(f"  {label}: {value}")
     print()
-    print(rows_table(problem, scheduler_rows(problem)))
+    rows = scheduler_rows(problem)
+    if args.time_limit > 0:
+        t0 = time.perf_counter()
+        # wall-clock limit: the demo is one process; ranks of a job use the deterministic default
+        res = solve(problem, args.time_limit, SolveConfig(workers=args.workers, deterministic=False))
+        rows.append(Row(f"cpsat {args.time_limit:g}s ({res.status.value})", simulate(problem, res.schedule),
+                        time.perf_counter() - t0))
+    print(rows_table(problem, rows))
+    if args.time_limit > 0:
+        print(f"cpsat: {res.method}, lower bound {res.lower_bound / 1e3:,.1f} us on the makespan, gap {res.gap:.2%}")
     return 0
 
 
@@ -72,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help=cmd_demo.__doc__)
+    p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT budget in seconds (0: skip)")
+    p.add_argument("--workers", type=int, default=2, help="CP-SAT workers (deterministic either way)")
     _graph_args(p)
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("export", help=cmd_export.__doc__)

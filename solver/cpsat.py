@@ -11,7 +11,9 @@ config), never below the total compute.
 
 Determinism (every rank must apply the same schedule): with ``deterministic=True`` (default)
 the search is limited by ``max_deterministic_time`` only, with a fixed seed and worker count
-(``interleave_search`` when workers > 1), so identical inputs give identical schedules.
+(``interleave_search`` when workers > 1), so identical inputs give identical schedules. The
+budget is then in CP-SAT's deterministic time units, which can take several times longer in
+wall-clock time on a loaded machine; ``deterministic=False`` uses a wall-clock limit instead.
 
 Link contention (``problem.link_contention > 0``) is not modelled: the model plans without it
 and the simulator scores the result with it; ``Result.exact`` is then False.
@@ -117,7 +119,7 @@ class Result:
         return 0.0 if self.objective <= 0 else max(0.0, (self.objective - self.lower_bound) / self.objective)
 
 
-def resolve_budget(problem: ScheduleProblem, budget: int | float | None) -> int:
+def resolve_budget(problem: ScheduleProblem, budget: float | None) -> int:
     """Bytes from a budget given in bytes (int), as a ratio of the original peak (float), or None (1.0)."""
     if isinstance(budget, int):
         return budget
@@ -320,7 +322,7 @@ def _hint_vars(builder: ModelBuilder) -> list:
 
 
 def _infeasible(problem: ScheduleProblem, frame: Frame, config: SolveConfig, budget: int, h_sched: Schedule,
-                h_res, time_budget_s: float, t0: float, stats: dict, proven: bool) -> Result:  # noqa: ANN001
+                h_res, time_budget_s: float, t0: float, stats: dict, proven: bool) -> Result:
     """No schedule fits: find the lowest peak any schedule reaches (CP-SAT without a budget)."""
     b = ModelBuilder(frame, None, config.pinned)
     b.build()
@@ -367,4 +369,4 @@ def _add_hint(builder: ModelBuilder, sched: Schedule) -> None:
         builder.model.AddHint(var, val)
 
 
-__all__ = ["Progress", "Result", "SolveConfig", "Status", "solve", "resolve_budget", "warm_start", "decode"]
+__all__ = ["Progress", "Result", "SolveConfig", "Status", "decode", "resolve_budget", "solve", "warm_start"]

@@ -336,7 +336,7 @@ def _free_frame(problem: ScheduleProblem, cands: list[Candidate]) -> Frame:
                  key_span=n_keys, n_keys=n_keys)
 
 
-def _is_tail(items: list[Item], srcs: set, op, ops, owner) -> bool:  # noqa: ANN001
+def _is_tail(items: list[Item], srcs: set, op, ops, owner) -> bool:
     """Fold only into a compute item whose ops it reads, never past another reader's position."""
     (src,) = srcs
     return items[src].kind is ItemKind.COMPUTE and all(owner.get(d) == src for d in op.deps)

@@ -123,7 +123,7 @@ class MemoryModel:
             self._interval(a, end, size, enf)
         return end
 
-    def _interval(self, start, end, size: int, enf: list) -> None:  # noqa: ANN001
+    def _interval(self, start, end, size: int, enf: list) -> None:
         if isinstance(start, int):
             self.breaks.add(start)
         length = self.m.NewIntVar(0, self.end_key, "")

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from .cpsat_frame import Frame, Item, ItemKind
-from .problem import OpKind
 
 _NEVER = -1
 
@@ -212,7 +211,7 @@ class ModelBuilder:
                     m.Add(v.key[ib] + ob >= v.key[ia] + oa + 1).OnlyEnforceIf(enf)
 
     def makespan_def(self) -> None:
-        m, v, f = self.model, self.v, self.frame
+        m, v = self.model, self.v
         if v.seg_end:
             m.Add(v.makespan >= v.seg_end[-1])
         for it in self.movable:
@@ -222,7 +221,9 @@ class ModelBuilder:
     # --------------------------------------------------------------------- memory
     def memory(self) -> None:
         """Cumulative over keys: storages, bucket buffers, and (fixed mode) the constant base."""
-        from .cpsat_memory import MemoryModel  # one seam: storage life ranges in key space
+        from .cpsat_memory import (
+            MemoryModel,  # one seam: storage life ranges in key space
+        )
 
         MemoryModel(self).add()
         if self.budget is not None:
@@ -237,9 +238,6 @@ class ModelBuilder:
         self.model.Add(self.v.makespan <= makespan_cap)
         self.model.Minimize(self.v.peak)
 
-    def op_key(self, item: int, offset: int):  # noqa: ANN201
+    def op_key(self, item: int, offset: int):
         return self.v.key[item] + offset
 
-
-def op_kind(frame: Frame, op: str) -> OpKind:
-    return frame.problem.op_by_name[op].kind

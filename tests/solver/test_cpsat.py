@@ -13,9 +13,7 @@ import pytest
 from fxsched.heuristics import HEURISTICS
 from fxsched.solver import Schedule, check_schedule, simulate
 from fxsched.solver.cpsat import SolveConfig, Status, solve
-from fxsched.solver.serialization import problem_from_dict
-from fxsched.solver.serialization import schedule_to_dict
-
+from fxsched.solver.serialization import problem_from_dict, schedule_to_dict
 from oracle import brute_force, default_budget
 from tiny_instances import tiny_problems
 
@@ -122,7 +120,7 @@ def test_plan_and_pins_are_obeyed() -> None:
         assert order.index(a) < order.index(b)
 
 
-def _bucketable_pair(p) -> tuple[str, str] | None:  # noqa: ANN001
+def _bucketable_pair(p) -> tuple[str, str] | None:
     from oracle import valid_bucketings
 
     for bk in valid_bucketings(p):
