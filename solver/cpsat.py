@@ -32,7 +32,7 @@ from enum import Enum
 from ortools.sat.python import cp_model
 
 from ..heuristics.bucketing import bucketed_overlap
-from ..heuristics.overlap import OverlapConfig, overlap_schedule
+from ..heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
 from .cpsat_frame import Frame, FrameOptions, build_frame, order_pairs
 from .cpsat_model import ModelBuilder
 from .problem import OpKind, ScheduleProblem
@@ -123,8 +123,7 @@ def resolve_budget(problem: ScheduleProblem, budget: float | None) -> int:
     """Bytes from a budget given in bytes (int), as a ratio of the original peak (float), or None (1.0)."""
     if isinstance(budget, int):
         return budget
-    ratio = 1.0 if budget is None else budget
-    return int(simulate(problem).peak_memory_bytes * ratio)
+    return int(original_peak(problem) * (1.0 if budget is None else budget))
 
 
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig) -> tuple[str, Schedule]:
@@ -147,9 +146,9 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig)
 
 
 class _Callback(cp_model.CpSolverSolutionCallback):
-    def __init__(self, makespan: cp_model.IntVar, fn: Callable[[Progress], None] | None, t0: float):
+    def __init__(self, fn: Callable[[Progress], None] | None, t0: float):
         super().__init__()
-        self.makespan, self.fn, self.t0 = makespan, fn, t0
+        self.fn, self.t0 = fn, t0
 
     def on_solution_callback(self) -> None:
         if self.fn is not None:
@@ -176,14 +175,14 @@ def solve(
     pairs = order_pairs(frame)
     if config.mode == "fixed" and pairs > config.max_order_literals:
         return _neighbourhood_solve(problem, config, budget, (h_name, h_sched, h_res), time_budget_s, t0,
-                                    compute_ns, progress, pairs)
+                                    compute_ns, progress, frame, pairs)
     builder = ModelBuilder(frame, budget, config.pinned)
     builder.build()
     builder.minimize_makespan()
     _add_hint(builder, h_sched)
     stats = _stats(builder, time.perf_counter() - t0)
     solver = _solver(config, time_budget_s * (1 - config.peak_phase_fraction if config.minimize_peak else 1))
-    status = solver.Solve(builder.model, _Callback(builder.v.makespan, progress, t0))
+    status = solver.Solve(builder.model, _Callback(progress, t0))
     exact = not problem.link_contention
 
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -234,7 +233,7 @@ def centers_of(problem: ScheduleProblem, frame: Frame, sched: Schedule) -> tuple
 
 def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: int, heur: tuple,
                          time_budget_s: float, t0: float, compute_ns: int,
-                         progress: Callable[[Progress], None] | None, full_pairs: int) -> Result:
+                         progress: Callable[[Progress], None] | None, full: Frame, full_pairs: int) -> Result:
     """Large graphs: rounds of CP-SAT over the slots near the incumbent (first: the heuristic's).
 
     The model's bound covers only the neighbourhood, so the reported bound is the total compute.
@@ -244,8 +243,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
     stats: dict[str, int] = {"full_order_pairs": full_pairs}
     rounds = max(1, config.lns_rounds)
     for rnd in range(rounds):
-        base = build_frame(problem, config.frame_options())
-        centers = centers_of(problem, base, best)
+        centers = centers_of(problem, full, best)
         radius, frame = config.lns_radius, None
         while radius >= 0:
             opts = dataclasses.replace(config.frame_options(), centers=centers, radius=radius,
@@ -262,7 +260,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
         stats.update(_stats(builder, time.perf_counter() - t0))
         stats["radius"] = radius
         solver = _solver(config, time_budget_s / rounds)
-        status = solver.Solve(builder.model, _Callback(builder.v.makespan, progress, t0))
+        status = solver.Solve(builder.model, _Callback(progress, t0))
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             continue
         sched = decode(builder, solver)

@@ -80,20 +80,12 @@ class Frame:
     cands_of: dict[str, list[int]]  # collective -> candidates holding it
     issue_item: dict[int, int]  # candidate -> its ISSUE item
     wait_item: dict[int, int]  # candidate -> its WAIT item
-    item_of_op: dict[str, int]  # op -> item (ops of candidates: absent, see op_items)
     op_items: dict[str, list[tuple[int, int]]]  # op -> [(item, offset)] over every item holding it
     key_span: int  # M in fixed mode (keys per slot); total key range in free mode
     n_keys: int  # keys are in [0, n_keys)
     segments: list[tuple[int, int]] = field(default_factory=list)  # fixed: [a, b) backbone ranges
     backbone: tuple[str, ...] = ()
-    placement: Placement | None = None
     multi_dtype: bool = False
-
-    def slot_key(self, slot: int) -> int:
-        return slot * self.key_span
-
-    def backbone_key(self, k: int) -> int:
-        return k * self.key_span + self.key_span - 1
 
 
 @dataclass(frozen=True)
@@ -270,9 +262,8 @@ def _fixed_frame(problem: ScheduleProblem, pl: Placement, cands: list[Candidate]
         items[wait_item[c.index]].slots = tuple(wait_ok)
     op_items = _op_items(items)
     _item_deps(problem, items, op_items)
-    return Frame(problem, "fixed", items, cands, _cands_of(cands), issue_item, wait_item,
-                 {op: lst[0][0] for op, lst in op_items.items() if len(lst) == 1}, op_items,
-                 key_span=span, n_keys=(n + 1) * span, segments=segments, backbone=pl.backbone, placement=pl)
+    return Frame(problem, "fixed", items, cands, _cands_of(cands), issue_item, wait_item, op_items,
+                 key_span=span, n_keys=(n + 1) * span, segments=segments, backbone=pl.backbone)
 
 
 def _near(slots: list[int], center: int, radius: int) -> list[int]:
@@ -312,7 +303,6 @@ def _windows(problem: ScheduleProblem, pl: Placement, opts: FrameOptions) -> dic
 
 
 def _free_frame(problem: ScheduleProblem, cands: list[Candidate]) -> Frame:
-    ops = problem.op_by_name
     items: list[Item] = []
     owner: dict[str, int] = {}
     for op in problem.ops:
@@ -320,8 +310,9 @@ def _free_frame(problem: ScheduleProblem, cands: list[Candidate]) -> Frame:
             continue
         # coarsening: a zero-cost op that reads one compute item only runs right after it
         srcs = {owner.get(d) for d in op.deps}
-        if op.kind is OpKind.ZERO and len(srcs) == 1 and None not in srcs and _is_tail(items, srcs, op, ops, owner):
-            it = items[srcs.pop()]  # type: ignore[index]
+        src = srcs.pop() if len(srcs) == 1 else None
+        if op.kind is OpKind.ZERO and src is not None and items[src].kind is ItemKind.COMPUTE:
+            it = items[src]
             it.ops = (*it.ops, op.name)
             owner[op.name] = it.index
             continue
@@ -331,15 +322,8 @@ def _free_frame(problem: ScheduleProblem, cands: list[Candidate]) -> Frame:
     op_items = _op_items(items)
     _item_deps(problem, items, op_items)
     n_keys = sum(len(it.ops) for it in items) + 1
-    return Frame(problem, "free", items, cands, _cands_of(cands), issue_item, wait_item,
-                 {op: lst[0][0] for op, lst in op_items.items() if len(lst) == 1}, op_items,
+    return Frame(problem, "free", items, cands, _cands_of(cands), issue_item, wait_item, op_items,
                  key_span=n_keys, n_keys=n_keys)
-
-
-def _is_tail(items: list[Item], srcs: set, op, ops, owner) -> bool:
-    """Fold only into a compute item whose ops it reads, never past another reader's position."""
-    (src,) = srcs
-    return items[src].kind is ItemKind.COMPUTE and all(owner.get(d) == src for d in op.deps)
 
 
 def _cands_of(cands: Sequence[Candidate]) -> dict[str, list[int]]:

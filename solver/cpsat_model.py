@@ -26,8 +26,6 @@ from ortools.sat.python import cp_model
 
 from .cpsat_frame import Frame, Item, ItemKind
 
-_NEVER = -1
-
 
 @dataclass
 class ModelVars:
@@ -238,6 +236,4 @@ class ModelBuilder:
         self.model.Add(self.v.makespan <= makespan_cap)
         self.model.Minimize(self.v.peak)
 
-    def op_key(self, item: int, offset: int):
-        return self.v.key[item] + offset
 

@@ -149,17 +149,23 @@ def test_sink_waits_keeps_the_collective_issue_order() -> None:
     assert simulate(p, sched).exposed_ns == 100
 
 
-def test_classic_passes_ignore_memory() -> None:
-    """g (100) makes X (1000); rs (50): X -> O (500, graph output); E, D (100 each, D allocates Y
-    1000). Original g, rs, w, E, D peaks at 1500 (X is freed at w, before Y). sink_waits has no
-    user to sink w before, so it goes last: X is live over D: 1000 + 500 + 1000 = 2500."""
-    p = make_problem([
+def rs_output_problem() -> ScheduleProblem:
+    """g (100) makes the gradient X (1000); rs (50) reduce-scatters X into O (500, a graph output,
+    never freed); nothing reads O after the wait. E (100) and D (100, allocates Y 1000 nobody reads)
+    are independent. Original order g, rs, w, E, D."""
+    return make_problem([
         compute("g", 100, allocates=["X"]),
         coll("rs", kind=RS, runtime_ns=50, deps=["g"], uses=["X"], allocates=["O"]),
         wait("w", "rs", uses=["O"]),
         compute("E", 100),
         compute("D", 100, allocates=["Y"]),
     ], [storage("X", 1000), storage("O", 500, keep=True), storage("Y", 1000)])
+
+
+def test_classic_passes_ignore_memory() -> None:
+    """On :func:`rs_output_problem` the original order peaks at 1500 (X is freed at w, before Y).
+    sink_waits has no user to sink w before, so it goes last: X is live over D: 1000 + 500 + 1000 = 2500."""
+    p = rs_output_problem()
     assert simulate(p).peak_memory_bytes == 1500
     for f in (sink_waits, raise_and_sink):
         assert simulate(p, f(p)).peak_memory_bytes == 2500

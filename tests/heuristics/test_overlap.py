@@ -23,7 +23,7 @@ from fxsched.solver import (
     simulate,
 )
 
-from tests.heuristics.test_classic import cast_problem, simple_problem
+from tests.heuristics.test_classic import cast_problem, rs_output_problem, simple_problem
 from tests.solver.solver_builders import RS, coll, compute, make_problem, storage, wait
 
 BIG = 10**9  # a memory budget nothing reaches
@@ -296,19 +296,6 @@ def test_prefetch_limited_by_memory() -> None:
 
 
 # ---- reduce_scatter into a graph output: the on_completion rung ---------------------------------
-
-def rs_output_problem() -> ScheduleProblem:
-    """g (100) makes the gradient X (1000); rs (50) reduce-scatters X into O (500, a graph output,
-    never freed); nothing reads O after the wait. E (100) and D (100, allocates Y 1000 nobody reads)
-    are independent. Original order g, rs, w, E, D."""
-    return make_problem([
-        compute("g", 100, allocates=["X"]),
-        coll("rs", kind=RS, runtime_ns=50, deps=["g"], uses=["X"], allocates=["O"]),
-        wait("w", "rs", uses=["O"]),
-        compute("E", 100),
-        compute("D", 100, allocates=["Y"]),
-    ], [storage("X", 1000), storage("O", 500, keep=True), storage("Y", 1000)])
-
 
 def test_sunk_wait_keeps_the_reduce_scatter_input_live() -> None:
     """Original: g 1000, rs 1500, w 1500 (X freed after), E 500, D 1500: peak 1500; rs 100-150,
