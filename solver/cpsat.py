@@ -31,7 +31,7 @@ from enum import Enum
 
 from ortools.sat.python import cp_model
 
-from ..heuristics.bucketing import bucketed_overlap
+from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
 from .cpsat_frame import Frame, FrameOptions, build_frame, order_pairs
 from .cpsat_model import ModelBuilder
@@ -131,7 +131,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig)
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
     if config.bucketing and not config.plan:
-        cap = config.bucket_cap_bytes if config.bucket_cap_bytes is not None else 1 << 62
+        # no cap in the model is not "one bucket" for the greedy bucketer: keep its own default
+        cap = config.bucket_cap_bytes if config.bucket_cap_bytes is not None else DEFAULT_CAP_BYTES
         tries.append(("bucket+overlap", lambda: bucketed_overlap(
             problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc)))
     best: tuple[tuple[bool, int, int], str, Schedule] | None = None
