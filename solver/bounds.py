@@ -62,3 +62,150 @@ def exposed_lower_bound(problem: ScheduleProblem) -> ExposedBound:
     if best_dep >= best_fifo:
         return ExposedBound(best_dep, best_dep, best_fifo, f"collective {dep_name}" if dep_name else "none")
     return ExposedBound(best_fifo, best_dep, best_fifo, f"group {fifo_name}")
+
+
+# --------------------------------------------------------------------------------------------
+# A bound that holds with bucketing too: heads, tails and the cheapest possible comm per subset.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MakespanBound:
+    """A lower bound on the makespan of every valid schedule, bucketed or not, in any compute order."""
+
+    makespan_ns: int
+    compute_ns: int
+    limiting: str  # what gives the bound
+
+    @property
+    def exposed_ns(self) -> int:
+        return self.makespan_ns - self.compute_ns
+
+
+def _convex_minorant(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The lower convex hull of ``points`` (sorted by x), made non-decreasing.
+
+    The result ``g`` is convex, non-decreasing and ``g <= `` every point and every segment between
+    consecutive points (a piecewise-linear curve through the points lies above its hull).
+    """
+    pts = sorted(set(points))
+    hull: list[tuple[float, float]] = []
+    for p in pts:
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (x2 - x1) * (p[1] - y1) - (y2 - y1) * (p[0] - x1) <= 0:  # hull[-1] on or above chord
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    # non-decreasing: flatten the part left of the minimum
+    i_min = min(range(len(hull)), key=lambda i: hull[i][1])
+    return [(0.0, hull[i_min][1])] + hull[i_min:] if i_min else hull
+
+
+def _eval_pl(hull: list[tuple[float, float]], x: np.ndarray) -> np.ndarray:
+    """A convex piecewise-linear function given by hull points, extended linearly on the right."""
+    xs = np.array([p[0] for p in hull], dtype=float)
+    ys = np.array([p[1] for p in hull], dtype=float)
+    if len(xs) == 1:
+        return np.full_like(x, ys[0], dtype=float)
+    y = np.interp(x, xs, ys)
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    right = x > xs[-1]
+    y[right] = ys[-1] + slope * (x[right] - xs[-1])
+    return np.maximum(y, ys.min())
+
+
+def _concave_minorant(problem: ScheduleProblem, curve, members: list) -> tuple[float, list[tuple[float, float]]] | None:
+    """``(lam, lines)`` with ``g(x) = lam * min(a + b x)`` concave, non-decreasing, ``g(0) >= 0``, below the
+    bucket curve everywhere and below every lone runtime; None when the curve does not allow one.
+
+    The curve is linear between its points and extended with its end segments' lines, so the min
+    of its segment lines is below it. NCCL's cost model is a min over algorithms of affine
+    functions, hence concave, and this is the usual case.
+    """
+    pts = curve.points
+    lines = [((y0 * x1 - y1 * x0) / (x1 - x0), (y1 - y0) / (x1 - x0)) for (x0, y0), (x1, y1) in zip(pts, pts[1:])]
+    if any(b < 0 or a < 0 for a, b in lines):
+        return None
+    lam = 1.0
+    for op in members:
+        gx = min(a + b * op.collective.size_bytes for a, b in lines)
+        if gx > 0:
+            lam = min(lam, op.runtime_ns / gx)
+    return lam, lines
+
+
+def _comm_lb_fn(problem: ScheduleProblem, group: str, kind, members: list):
+    """``f(count, bytes)``: a lower bound on running ``count`` collectives of ``bytes`` in total, bucketed
+    any way. Two valid arguments, the larger wins: with a concave minorant ``g`` (subadditive
+    since ``g(0) >= 0``) one bucket is cheapest, ``g(bytes)``; with the convex minorant ``h`` of
+    the curve and the lone runtimes, k buckets cost at least ``k h(bytes/k)`` (Jensen), min over k.
+    """
+    pts = [(float(op.collective.size_bytes), float(op.runtime_ns)) for op in members]
+    curve = problem.curve_by_key.get((group, kind))
+    conc = None
+    if curve is not None:
+        pts += [(float(x), float(y)) for x, y in curve.points]
+        # the curve extends linearly past its last point: a far point on that line keeps the hull below it
+        total = float(sum(op.collective.size_bytes for op in members)) + 1.0
+        (x0, y0), (x1, y1) = curve.points[-2], curve.points[-1]
+        far = max(total * 2, x1 * 2.0)
+        pts.append((far, max(0.0, y1 + (y1 - y0) * (far - x1) / (x1 - x0))))
+        conc = _concave_minorant(problem, curve, members)
+    hull = _convex_minorant(pts)
+
+    def lb(count: int, size_bytes: float) -> float:
+        ks = np.arange(1, count + 1, dtype=float)
+        best = float(np.min(ks * _eval_pl(hull, size_bytes / ks)))
+        if conc is not None:
+            lam, lines = conc
+            best = max(best, lam * min(a + b * size_bytes for a, b in lines))
+        return best
+
+    return lb
+
+
+def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
+    """A lower bound valid for every schedule, with any bucketing and any compute order.
+
+    Each collective ``c`` has a head ``r(c)`` (the compute it depends on: it cannot start before
+    that has run) and a tail ``q(c)`` (the compute that depends on it: it runs after ``c`` ends).
+    A bucket starts after every member's head and ends before every member's tail. For a set
+    ``S`` of one group's collectives, all of ``S`` runs one at a time on the group's stream, so
+    ``makespan >= min r(S) + comm(S) + min q(S)``, where ``comm(S)`` is the cheapest way to run
+    ``S`` in any buckets: per kind, with a convex non-decreasing minorant ``g`` of the bucket
+    curve and the lone runtimes, k buckets of total size B cost at least ``k g(B/k)`` (Jensen),
+    minimized over k. ``S`` ranges over every (head threshold, tail threshold) pair. A bucket
+    that mixes members in and out of ``S`` still costs at least ``g`` of its ``S`` bytes, since
+    ``g`` is non-decreasing. Together with the total compute this is the bound.
+    """
+    weights = np.array([op.runtime_ns if op.kind in (OpKind.COMPUTE, OpKind.ZERO) else 0 for op in problem.ops],
+                       dtype=np.int64)
+    total = int(weights.sum())
+    best, limiting = total, "compute"
+    by_group: dict[str, list] = {}
+    for c in problem.collectives:
+        by_group.setdefault(c.collective.group, []).append(c)  # type: ignore[union-attr]
+    for g, cols in by_group.items():
+        kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
+        heads = np.array([_bit_sum(problem.ancestors[problem.index[c.name]], weights) for c in cols], dtype=np.int64)
+        tails = np.array([_bit_sum(problem.descendants[problem.index[c.name]], weights) for c in cols],
+                         dtype=np.int64)
+        size = np.array([c.collective.size_bytes for c in cols], dtype=float)  # type: ignore[union-attr]
+        kind_masks = [np.array([c.collective.kind == k for c in cols]) for k in kinds]  # type: ignore[union-attr]
+        lbs = [_comm_lb_fn(problem, g, k, [c for c, m in zip(cols, km) if m]) for k, km in zip(kinds, kind_masks)]
+        for t in np.unique(heads):
+            in_t = heads >= t
+            for u in np.unique(tails[in_t]):
+                s = in_t & (tails >= u)
+                comm = 0.0
+                for km, lb_fn in zip(kind_masks, lbs):
+                    sel = s & km
+                    cnt = int(sel.sum())
+                    if cnt:
+                        comm += lb_fn(cnt, float(size[sel].sum()))
+                lb = int(heads[s].min()) + int(tails[s].min()) + int(np.floor(comm))
+                if lb > best:
+                    best, limiting = lb, f"group {g}: {int(s.sum())} collectives after {int(heads[s].min())} ns"
+    return MakespanBound(best, total, limiting)

@@ -7,7 +7,7 @@ The model (cpsat_frame / cpsat_model / cpsat_memory) decides buckets, issue and 
 and FIFO orders; the returned schedule is always re-scored by :func:`simulate`, and
 ``Result.objective`` is that simulated makespan. ``lower_bound`` is CP-SAT's proven bound on
 the makespan over the modelled space (the mode, bucket candidates, slots and windows of the
-config), never below the total compute.
+config), never below :func:`bounds.makespan_lower_bound` (valid for every schedule).
 
 Determinism (every rank must apply the same schedule): with ``deterministic=True`` (default)
 the search is limited by ``max_deterministic_time`` only, with a fixed seed and worker count
@@ -33,7 +33,9 @@ from ortools.sat.python import cp_model
 
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
+from ..heuristics.reorder import defer_independent
 from .cpsat_frame import Frame, FrameOptions, build_frame, order_pairs
+from .bounds import makespan_lower_bound
 from .cpsat_model import ModelBuilder
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule, placements
@@ -171,12 +173,23 @@ def solve(
         log.warning("solve: link contention %.2f is not modelled; the simulator scores it", problem.link_contention)
     h_name, h_sched = ("hint", hint) if hint is not None else warm_start(problem, budget, config)
     h_res = simulate(problem, h_sched)
-    compute_ns = sum(op.runtime_ns for op in problem.ops if op.kind is OpKind.COMPUTE)
+    # a bound valid for every schedule (any order, any buckets): the floor of every reported bound
+    floor_ns = makespan_lower_bound(problem).makespan_ns
     frame = build_frame(problem, config.frame_options())
     pairs = order_pairs(frame)
-    if config.mode == "fixed" and pairs > config.max_order_literals:
+    if pairs > config.max_order_literals:
+        if config.mode == "free":
+            # free order at scale: defer independent compute in the warm start, then search in fixed
+            # order around that new heavy-compute order (same ops, so the schedule fits the original)
+            if hint is None:
+                h_name, h_sched = f"{h_name}+defer", defer_independent(problem, h_sched, budget_bytes=budget)
+                h_res = simulate(problem, h_sched)
+            problem = reordered(problem, h_sched.order)
+            config = dataclasses.replace(config, mode="fixed")
+            frame = build_frame(problem, config.frame_options())
+            pairs = order_pairs(frame)
         return _neighbourhood_solve(problem, config, budget, (h_name, h_sched, h_res), time_budget_s, t0,
-                                    compute_ns, progress, frame, pairs)
+                                    floor_ns, progress, frame, pairs)
     builder = ModelBuilder(frame, budget, config.pinned)
     builder.build()
     builder.minimize_makespan()
@@ -188,7 +201,7 @@ def solve(
 
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         model_obj = int(solver.Value(builder.v.makespan))
-        bound = max(compute_ns, int(solver.BestObjectiveBound()))
+        bound = max(floor_ns, int(solver.BestObjectiveBound()))
         sched = decode(builder, solver)
         if config.minimize_peak:
             sched = _peak_phase(builder, solver, model_obj, config, time_budget_s * config.peak_phase_fraction) or sched
@@ -209,8 +222,14 @@ def solve(
                            proven=status == cp_model.INFEASIBLE)
     log.warning("solve: CP-SAT found no schedule in %.1fs (%s); returning the heuristic %s",
                 time_budget_s, solver.StatusName(status), h_name)
-    return Result(Status.HEURISTIC, h_res.makespan_ns, compute_ns, time.perf_counter() - t0, h_sched,
+    return Result(Status.HEURISTIC, h_res.makespan_ns, floor_ns, time.perf_counter() - t0, h_sched,
                   f"heuristic:{h_name}", h_res.peak_memory_bytes, budget, exact=exact, stats=stats)
+
+
+def reordered(problem: ScheduleProblem, order: tuple[str, ...]) -> ScheduleProblem:
+    """``problem`` with its ops in ``order`` (a valid program order): the fixed mode's backbone follows it."""
+    by_name = {op.name: op for op in problem.ops}
+    return dataclasses.replace(problem, ops=tuple(by_name[n] for n in order))
 
 
 def _stats(builder: ModelBuilder, build_s: float) -> dict[str, int]:
@@ -233,11 +252,12 @@ def centers_of(problem: ScheduleProblem, frame: Frame, sched: Schedule) -> tuple
 
 
 def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: int, heur: tuple,
-                         time_budget_s: float, t0: float, compute_ns: int,
+                         time_budget_s: float, t0: float, floor_ns: int,
                          progress: Callable[[Progress], None] | None, full: Frame, full_pairs: int) -> Result:
     """Large graphs: rounds of CP-SAT over the slots near the incumbent (first: the heuristic's).
 
-    The model's bound covers only the neighbourhood, so the reported bound is the total compute.
+    The model's bound covers only the neighbourhood, so the reported bound is the structural one
+    (``bounds.makespan_lower_bound``), valid for every schedule.
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
@@ -275,7 +295,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
     st = Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC
     if best_res.peak_memory_bytes > budget:
         st = Status.INFEASIBLE
-    return Result(st, best_res.makespan_ns, compute_ns, time.perf_counter() - t0, best, method,
+    return Result(st, best_res.makespan_ns, floor_ns, time.perf_counter() - t0, best, method,
                   best_res.peak_memory_bytes, budget,
                   min_feasible_budget_bytes=best_res.peak_memory_bytes if st is Status.INFEASIBLE else None,
                   exact=not problem.link_contention, stats=stats)

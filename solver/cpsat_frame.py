@@ -239,6 +239,8 @@ def _fixed_frame(problem: ScheduleProblem, pl: Placement, cands: list[Candidate]
             allowed.update((k, k + 1))
     for u in pl.units.values():
         allowed.update((u.earliest, u.need))
+    for _, issue_slot, wait_slot in opts.centers:  # the incumbent stays exactly representable
+        allowed.update((issue_slot, wait_slot))
     slots = sorted(allowed)
     segments = [(a, b) for a, b in zip(slots, slots[1:])]
     items: list[Item] = []
