@@ -128,15 +128,21 @@ def resolve_budget(problem: ScheduleProblem, budget: float | None) -> int:
     return int(original_peak(problem) * (1.0 if budget is None else budget))
 
 
+WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graphs want larger buckets
+
+
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig) -> tuple[str, Schedule]:
-    """The best heuristic schedule within the budget (fixed-order overlap, with and without buckets)."""
+    """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
+    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``);
+    in free mode, then with independent compute deferred past exposed collectives."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
     if config.bucketing and not config.plan:
-        # no cap in the model is not "one bucket" for the greedy bucketer: keep its own default
-        cap = config.bucket_cap_bytes if config.bucket_cap_bytes is not None else DEFAULT_CAP_BYTES
-        tries.append(("bucket+overlap", lambda: bucketed_overlap(
-            problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc)))
+        # no cap in the model is not "one bucket" for the greedy bucketer: try its default and larger
+        caps = (config.bucket_cap_bytes,) if config.bucket_cap_bytes is not None else WARM_START_CAPS
+        for cap in caps:
+            tries.append((f"bucket+overlap@{cap >> 20}MiB", lambda cap=cap: bucketed_overlap(
+                problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc)))
     best: tuple[tuple[bool, int, int], str, Schedule] | None = None
     for name, fn in tries:
         sched = fn()
@@ -145,7 +151,12 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig)
         if best is None or key < best[0]:
             best = (key, name, sched)
     assert best is not None
-    return best[1], best[2]
+    name, sched = best[1], best[2]
+    if config.mode == "free":
+        deferred = defer_independent(problem, sched, budget_bytes=budget_bytes)
+        if deferred != sched:
+            name, sched = f"{name}+defer", deferred
+    return name, sched
 
 
 class _Callback(cp_model.CpSolverSolutionCallback):
@@ -177,13 +188,12 @@ def solve(
     floor_ns = makespan_lower_bound(problem).makespan_ns
     frame = build_frame(problem, config.frame_options())
     pairs = order_pairs(frame)
+    if not config.deterministic:  # a wall-clock budget covers the warm start too
+        time_budget_s = max(0.0, time_budget_s - (time.perf_counter() - t0))
     if pairs > config.max_order_literals:
         if config.mode == "free":
-            # free order at scale: defer independent compute in the warm start, then search in fixed
-            # order around that new heavy-compute order (same ops, so the schedule fits the original)
-            if hint is None:
-                h_name, h_sched = f"{h_name}+defer", defer_independent(problem, h_sched, budget_bytes=budget)
-                h_res = simulate(problem, h_sched)
+            # free order at scale: the warm start deferred independent compute; search in fixed order
+            # around its heavy-compute order (same ops, so the schedule fits the original problem)
             problem = reordered(problem, h_sched.order)
             config = dataclasses.replace(config, mode="fixed")
             frame = build_frame(problem, config.frame_options())

@@ -1,0 +1,17 @@
+"""Marked sections of benchmarks/RESULTS.md: each benchmark script owns one and rewrites only it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def replace_section(path: str | Path, begin: str, end: str, text: str) -> None:
+    """Replace the text between ``begin`` and ``end`` (inclusive) in ``path`` by ``text``, which
+    carries the markers itself; append it when the markers are not there yet."""
+    path = Path(path)
+    old = path.read_text() if path.exists() else ""
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + text + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip() + "\n\n" + text + "\n"
+    path.write_text(new)
