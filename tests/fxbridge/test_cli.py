@@ -53,8 +53,10 @@ def test_export_then_simulate_round_trip(exported, capsys):
 def test_demo_prints_table(capsys):
     assert main(["demo", "--graph", "llama_ddp_small", "--time-limit", "1", "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^cpsat 1s \(\w+\)\s", out, re.M)
-    assert "cpsat: " in out and "gap" in out
+    for mode in ("fixed", "free"):
+        assert re.search(rf"^cpsat {mode} 1s \(\w+\)\s", out, re.M)
+        assert f"cpsat {mode}: " in out
+    assert "gap" in out
     assert "all_reduce on group" in out
     assert re.search(r"^original order\s", out, re.M)
     assert "lower bound on exposed time" in out
