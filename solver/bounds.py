@@ -184,6 +184,7 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
                        dtype=np.int64)
     total = int(weights.sum())
     best, limiting = total, "compute"
+    rt_min: dict[str, int] = {}  # per collective: the least it can take, alone or in any bucket
     by_group: dict[str, list] = {}
     for c in problem.collectives:
         by_group.setdefault(c.collective.group, []).append(c)  # type: ignore[union-attr]
@@ -195,6 +196,9 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
         size = np.array([c.collective.size_bytes for c in cols], dtype=float)  # type: ignore[union-attr]
         kind_masks = [np.array([c.collective.kind == k for c in cols]) for k in kinds]  # type: ignore[union-attr]
         lbs = [_comm_lb_fn(problem, g, k, [c for c, m in zip(cols, km) if m]) for k, km in zip(kinds, kind_masks)]
+        for c, sz in zip(cols, size):
+            lb_fn = lbs[kinds.index(c.collective.kind)]  # type: ignore[union-attr]
+            rt_min[c.name] = int(np.floor(lb_fn(1, float(sz))))
         for t in np.unique(heads):
             in_t = heads >= t
             for u in np.unique(tails[in_t]):
@@ -208,4 +212,42 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
                 lb = int(heads[s].min()) + int(tails[s].min()) + int(np.floor(comm))
                 if lb > best:
                     best, limiting = lb, f"group {g}: {int(s.sum())} collectives after {int(heads[s].min())} ns"
+    chain, last = _chain_bound(problem, weights, rt_min)
+    if chain > best:
+        best, limiting = chain, f"chain of collectives ending at {last}"
     return MakespanBound(best, total, limiting)
+
+
+def _mask(bits: int, n: int) -> np.ndarray:
+    raw = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+
+
+def _chain_bound(problem: ScheduleProblem, weights: np.ndarray, rt_min: dict[str, int],
+                 max_preds: int = 16) -> tuple[int, str]:
+    """Longest chain of dependent collectives (tensor parallelism's critical path).
+
+    For collectives ``c1 -> c2 -> ... -> ck``, each depending on the previous, the compute sets
+    ``anc(c1)``, ``desc(c1) & anc(c2)``, ..., ``desc(ck)`` are disjoint and must run, in that
+    order, before c1 starts, between consecutive ones, and after ck ends; so the makespan is at
+    least their compute plus every ``rt_min``. A DP over collectives in program order; each looks
+    back at its ``max_preds`` latest ancestor collectives (fewer terms in a max: still a bound).
+    """
+    cols = problem.collectives
+    n = len(weights)
+    anc = [_mask(problem.ancestors[problem.index[c.name]], n) for c in cols]
+    desc = [_mask(problem.descendants[problem.index[c.name]], n) for c in cols]
+    anc_w = [int(weights[a].sum()) for a in anc]
+    best_end: list[int] = []
+    out, out_name = 0, ""
+    for j, c in enumerate(cols):
+        bits = problem.ancestors[problem.index[c.name]]
+        preds = [i for i in range(j - 1, -1, -1) if bits >> problem.index[cols[i].name] & 1][:max_preds]
+        start = anc_w[j]
+        for i in preds:
+            start = max(start, best_end[i] + int(weights[desc[i] & anc[j]].sum()))
+        best_end.append(start + rt_min[c.name])
+        total = best_end[j] + int(weights[desc[j]].sum())
+        if total > out:
+            out, out_name = total, c.name
+    return out, out_name

@@ -48,6 +48,26 @@ def test_bucketed_bound_prices_one_bucket_of_everything() -> None:
     assert brute_force(p, budget_bytes=NO_BUDGET).best_makespan_ns == 1010
 
 
+def test_chain_bound_follows_dependent_collectives() -> None:
+    """a (100) -> c1 (500) -> b (50) -> c2 (300) -> d (20), x (200) independent. Along the chain
+    nothing overlaps but x: 100 + 500 + 50 + 300 + 20 = 970 ns, which the schedule a, c1, x, w1,
+    b, c2, w2, d reaches (x hides under c1). Each collective alone proves only
+    100 + 500 + 70 = 670, their group's FIFO 100 + (100 + 600) + 20 = 820."""
+    p = make_problem([
+        compute("a", 100, heavy=True),
+        coll("c1", runtime_ns=500, bytes_in=200, bytes_out=200, deps=["a"]),
+        wait("w1", "c1"),
+        compute("b", 50, deps=["w1"]),
+        coll("c2", runtime_ns=300, bytes_in=100, bytes_out=100, deps=["b"]),
+        wait("w2", "c2"),
+        compute("d", 20, deps=["w2"]),
+        compute("x", 200, heavy=True),
+    ])
+    b = makespan_lower_bound(p)
+    assert b.makespan_ns == 970 and b.limiting.startswith("chain")
+    assert brute_force(p, budget_bytes=NO_BUDGET).best_makespan_ns == 970
+
+
 @pytest.mark.parametrize("idx", range(len(PROBLEMS)))
 def test_bound_never_exceeds_the_optimum(idx: int) -> None:
     p = PROBLEMS[idx]
