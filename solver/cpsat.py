@@ -80,8 +80,9 @@ class SolveConfig:
     minimize_peak: bool = True  # second phase: lowest peak at the best makespan
     peak_phase_fraction: float = 0.2
     max_order_literals: int = 40_000  # above this, neighbourhood rounds around the incumbent
-    lns_rounds: int = 3
-    lns_radius: int = 6
+    lns_rounds: int = 8  # neighbourhood rounds on large graphs (each a window of the incumbent)
+    lns_radius: int = 6  # slots a windowed item may move
+    lns_window: int = 6  # placements (buckets or lone collectives) freed per round
 
     def __post_init__(self) -> None:
         if self.mode not in ("fixed", "free"):
@@ -264,33 +265,46 @@ def centers_of(problem: ScheduleProblem, frame: Frame, sched: Schedule) -> tuple
 def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: int, heur: tuple,
                          time_budget_s: float, t0: float, floor_ns: int,
                          progress: Callable[[Progress], None] | None, full: Frame, full_pairs: int) -> Result:
-    """Large graphs: rounds of CP-SAT over the slots near the incumbent (first: the heuristic's).
+    """Large graphs: rounds of CP-SAT over windows of the incumbent (first: the heuristic's).
 
-    The model's bound covers only the neighbourhood, so the reported bound is the structural one
-    (``bounds.makespan_lower_bound``), valid for every schedule.
+    Each round frees the collectives (lone or bucketed) around the incumbent's most exposed one
+    that has not been tried yet: they may move within ``lns_radius`` slots and their buckets may
+    be split or merged with the next one (``bucket_moves``); every other bucket is forced as it
+    is and held at its slots. An improved incumbent restarts the list. The model's bound covers
+    only the window, so the reported bound is the structural one (``bounds.makespan_lower_bound``),
+    valid for every schedule.
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
-    stats: dict[str, int] = {"full_order_pairs": full_pairs}
+    stats: dict[str, int] = {"full_order_pairs": full_pairs, "rounds": 0, "improved": 0}
     rounds = max(1, config.lns_rounds)
+    tried: set[tuple[str, ...]] = set()
     for rnd in range(rounds):
+        window = _window(problem, full, best, best_res, config.lns_window, tried)
+        if window is None:
+            break
+        tried.add(window[0])
         centers = centers_of(problem, full, best)
-        radius, frame = config.lns_radius, None
-        while radius >= 0:
-            opts = dataclasses.replace(config.frame_options(), centers=centers, radius=radius,
-                                       bucketing=False, extra=best.buckets)
-            frame = build_frame(problem, opts)
-            if order_pairs(frame) <= config.max_order_literals or radius == 0:
-                break
-            radius -= 1
-        assert frame is not None
+        moves = bucket_moves(problem, Schedule(best.order, tuple(b for b in best.buckets if set(b) & window[1]),
+                                               best.multi_dtype), config)
+        opts = dataclasses.replace(
+            config.frame_options(), centers=centers, radius=config.lns_radius, bucketing=False,
+            plan=tuple(dict.fromkeys((*(b for b in best.buckets if not set(b) & window[1]), *config.plan))),
+            extra=moves, frozen=frozenset(c.name for c in problem.collectives if c.name not in window[1]),
+            bucketed_only=frozenset(m for b in best.buckets if len(b) >= 4 and set(b) & window[1] for m in b))
+        frame = build_frame(problem, opts)
         builder = ModelBuilder(frame, budget, config.pinned)
         builder.build()
         builder.minimize_makespan()
         _add_hint(builder, best)
         stats.update(_stats(builder, time.perf_counter() - t0))
-        stats["radius"] = radius
-        solver = _solver(config, time_budget_s / rounds)
+        stats["rounds"] += 1
+        left = time_budget_s - (time.perf_counter() - t0)
+        if not config.deterministic and left <= 0:
+            break
+        # wall clock: rounds of at least MIN_ROUND_S (a window model needs ~1-3 s to reach its hint)
+        round_s = time_budget_s / rounds if config.deterministic else min(left, max(MIN_ROUND_S, left / 3))
+        solver = _solver(config, round_s, lns=True)
         status = solver.Solve(builder.model, _Callback(progress, t0))
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             continue
@@ -299,21 +313,68 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
         if res.peak_memory_bytes <= budget and (res.makespan_ns, res.peak_memory_bytes) < (
                 best_res.makespan_ns, best_res.peak_memory_bytes):
             best, best_res, method = sched, res, "cpsat-lns"
-            log.info("solve %s: round %d (radius %d): makespan %d ns", problem.name, rnd, radius, res.makespan_ns)
-        elif status == cp_model.OPTIMAL:
-            break  # the neighbourhood of the incumbent holds nothing better
+            stats["improved"] += 1
+            tried.clear()
+            log.info("solve %s: round %d: makespan %d ns", problem.name, rnd, res.makespan_ns)
     st = Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC
     if best_res.peak_memory_bytes > budget:
         st = Status.INFEASIBLE
-    return Result(st, best_res.makespan_ns, floor_ns, time.perf_counter() - t0, best, method,
-                  best_res.peak_memory_bytes, budget,
+    return Result(st, best_res.makespan_ns, min(floor_ns, best_res.makespan_ns), time.perf_counter() - t0, best,
+                  method, best_res.peak_memory_bytes, budget,
                   min_feasible_budget_bytes=best_res.peak_memory_bytes if st is Status.INFEASIBLE else None,
                   exact=not problem.link_contention, stats=stats)
 
 
-def _solver(config: SolveConfig, time_s: float) -> cp_model.CpSolver:
+MIN_ROUND_S = 4.0
+
+
+def _window(problem: ScheduleProblem, frame: Frame, sched: Schedule, res, size: int,
+            tried: set[tuple[str, ...]]) -> tuple[tuple[str, ...], set[str]] | None:
+    """The untried most exposed placement of ``sched`` (else the untried one with the least slack)
+    and the collectives of the ``size`` placements nearest it in issue order."""
+    timings = sorted(res.collectives, key=lambda t: t.issue_pos)
+    order = sorted(range(len(timings)), key=lambda i: (-timings[i].exposed_ns, timings[i].wait_ns - timings[i].end_ns))
+    for i in order:
+        if timings[i].members in tried:
+            continue
+        lo = max(0, i - size // 2)
+        near = timings[lo:lo + size]
+        return timings[i].members, {m for t in near for m in t.members}
+    return None
+
+
+def bucket_moves(problem: ScheduleProblem, sched: Schedule, config: SolveConfig) -> tuple[tuple[str, ...], ...]:
+    """The neighbourhood's bucket candidates: the incumbent's buckets, each split in halves, and
+    each merged with the next one of its key, so a round can refine the bucketing as well as move
+    it (members of buckets of 4 or more get no lone candidate: splitting them to single
+    collectives is never the move that pays at scale). Infeasible ones are dropped by the frame."""
+    if not config.bucketing or config.plan:  # module plans fix the buckets
+        return sched.buckets
+    idx = problem.index
+    buckets = sorted((tuple(sorted(b, key=idx.__getitem__)) for b in sched.buckets), key=lambda b: idx[b[0]])
+    out = list(buckets)
+    by_key: dict[tuple, list[tuple[str, ...]]] = {}
+    for b in buckets:
+        if len(b) >= 4:
+            out += [b[:len(b) // 2], b[len(b) // 2:]]
+        key = problem.op_by_name[b[0]].collective.bucket_key(config.multi_dtype)  # type: ignore[union-attr]
+        by_key.setdefault(key, []).append(b)
+    for same in by_key.values():
+        for a, b in zip(same, same[1:]):
+            merged = a + b
+            if config.bucket_cap_bytes is None or sum(
+                    max(problem.op_by_name[m].collective.bytes_in, problem.op_by_name[m].collective.bytes_out)  # type: ignore[union-attr]
+                    for m in merged) <= config.bucket_cap_bytes:
+                out.append(merged)
+    return tuple(dict.fromkeys(out))
+
+
+def _solver(config: SolveConfig, time_s: float, lns: bool = False) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     prm = solver.parameters
+    if lns:  # window models are large and hinted: spend the time searching, not presolving
+        prm.cp_model_probing_level = 0
+        prm.symmetry_level = 0
     prm.random_seed = config.seed
     prm.num_workers = config.workers
     if config.deterministic:

@@ -105,6 +105,8 @@ class FrameOptions:
     extra: tuple[tuple[str, ...], ...] = ()  # optional buckets added to the candidates
     centers: tuple[tuple[str, int, int], ...] = ()
     radius: int | None = None
+    frozen: frozenset[str] = frozenset()  # collectives held at their centers (radius 0)
+    bucketed_only: frozenset[str] = frozenset()  # collectives with no lone candidate (in extra buckets)
 
 
 def build_frame(problem: ScheduleProblem, opts: FrameOptions) -> Frame:
@@ -143,7 +145,7 @@ def _candidates(problem: ScheduleProblem, pl: Placement, opts: FrameOptions) -> 
 
     forced = {m for b in opts.plan for m in b}
     for c in problem.collectives:
-        if c.name not in forced:
+        if c.name not in forced and c.name not in opts.bucketed_only:
             add((c.name,))
     for b in opts.plan:
         members = tuple(sorted(b, key=problem.index.__getitem__))
@@ -258,8 +260,9 @@ def _fixed_frame(problem: ScheduleProblem, pl: Placement, cands: list[Candidate]
         ok = [s for s in slots if lo_issue <= s <= hi] or [s for s in slots if lo <= s <= hi]
         issue_ok, wait_ok = ok, ok
         if opts.radius is not None and all(m in centers for m in c.members):
-            issue_ok = _near(ok, max(centers[m][0] for m in c.members), opts.radius)
-            wait_ok = _near([s for s in ok if s >= issue_ok[0]], min(centers[m][1] for m in c.members), opts.radius)
+            radius = 0 if any(m in opts.frozen for m in c.members) else opts.radius
+            issue_ok = _near(ok, max(centers[m][0] for m in c.members), radius)
+            wait_ok = _near([s for s in ok if s >= issue_ok[0]], min(centers[m][1] for m in c.members), radius)
         items[issue_item[c.index]].slots = tuple(issue_ok)
         items[wait_item[c.index]].slots = tuple(wait_ok)
     op_items = _op_items(items)

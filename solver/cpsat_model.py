@@ -164,6 +164,11 @@ class ModelBuilder:
                 if f.mode == "fixed" and (a.index in b.deps or b.index in a.deps):
                     first, second = (a, b) if a.index in b.deps else (b, a)
                     self._precede(first, second, [])
+                elif f.mode == "fixed" and self._same_group_issues(a, b) and not set(a.slots) & set(b.slots):
+                    # slots (contiguous runs) order them: the clock follows from the segments
+                    # between, the group's FIFO must be stated
+                    first, second = (a, b) if max(a.slots) < min(b.slots) else (b, a)
+                    self._fifo(first, second, [v.present[i.index] for i in (a, b) if v.present[i.index] is not True])
                 continue
             if a.index in b.deps or b.index in a.deps:
                 first, second = (a, b) if a.index in b.deps else (b, a)
@@ -180,10 +185,21 @@ class ModelBuilder:
         enf = enf + [v.present[i.index] for i in (a, b) if v.present[i.index] is not True]
         m.Add(v.key[b.index] >= v.key[a.index] + len(a.ops)).OnlyEnforceIf(enf)
         m.Add(v.start[b.index] >= v.end[a.index]).OnlyEnforceIf(enf)
-        if a.kind is ItemKind.ISSUE and b.kind is ItemKind.ISSUE:
-            ca, cb = self.frame.candidates[a.candidate], self.frame.candidates[b.candidate]  # type: ignore[index]
-            if ca.group == cb.group:
-                m.Add(v.comm_start[cb.index] >= v.comm_end[ca.index]).OnlyEnforceIf(enf)
+        if self._same_group_issues(a, b):
+            self._fifo(a, b, enf)
+
+    def _same_group_issues(self, a: Item, b: Item) -> bool:
+        if a.kind is not ItemKind.ISSUE or b.kind is not ItemKind.ISSUE:
+            return False
+        cands = self.frame.candidates
+        return cands[a.candidate].group == cands[b.candidate].group  # type: ignore[index]
+
+    def _fifo(self, a: Item, b: Item, enf: list) -> None:
+        """Issue a before issue b on one group: b's collective starts after a's ends (under ``enf``,
+        which must hold the presence literals)."""
+        v = self.v
+        ca, cb = self.frame.candidates[a.candidate], self.frame.candidates[b.candidate]  # type: ignore[index]
+        self.model.Add(v.comm_start[cb.index] >= v.comm_end[ca.index]).OnlyEnforceIf(enf)
 
     def collective_timing(self) -> None:
         m, v, f = self.model, self.v, self.frame

@@ -179,3 +179,42 @@ def test_large_graph_path_is_valid_and_never_worse(mode: str) -> None:
         assert res.peak_memory_bytes <= res.budget_bytes
         assert res.objective <= simulate(p, HEURISTICS["overlap"](p)).makespan_ns
         assert res.lower_bound <= brute_force(p, mode="free").best_makespan_ns
+
+
+def test_model_keeps_fifo_between_items_with_disjoint_slots() -> None:
+    """Held at the slots of the order c1, x0, c2, h1, w2, d2, h2, w1, d1 (radius 0, so the two
+    issues have disjoint slots): c1 (1000 ns) runs 0..1000, c2 (100 ns) waits behind it in the
+    group's FIFO, 1000..1100, w2 stalls to 1100, and the makespan is 1170 ns. A model that only
+    kept the two off each other's stream (NoOverlap) would run c2 first and claim 1120."""
+    import dataclasses
+
+    from fxsched.solver.cpsat import centers_of, decode
+    from fxsched.solver.cpsat_frame import build_frame
+    from fxsched.solver.cpsat_model import ModelBuilder
+    from ortools.sat.python import cp_model
+    from solver_builders import coll, compute, make_problem, wait
+
+    p = make_problem([
+        coll("c1", runtime_ns=1000, bytes_in=450, bytes_out=450),
+        compute("x0", 10, heavy=True),
+        coll("c2", runtime_ns=100, bytes_in=0, bytes_out=0),
+        compute("h1", 100, heavy=True),
+        wait("w2", "c2"),
+        compute("d2", 10, deps=["w2"], heavy=True),
+        compute("h2", 50, heavy=True),
+        wait("w1", "c1"),
+        compute("d1", 10, deps=["w1"], heavy=True),
+    ])
+    inc = Schedule(order=("c1", "x0", "c2", "h1", "w2", "d2", "h2", "w1", "d1"))
+    assert simulate(p, inc).makespan_ns == 1170
+    cfg = SolveConfig(coarsen=False, bucketing=False)
+    full = build_frame(p, cfg.frame_options())
+    opts = dataclasses.replace(cfg.frame_options(), centers=centers_of(p, full, inc), radius=0)
+    b = ModelBuilder(build_frame(p, opts), None)
+    b.build()
+    b.minimize_makespan()
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    assert s.Solve(b.model) == cp_model.OPTIMAL
+    assert s.Value(b.v.makespan) == 1170
+    assert simulate(p, decode(b, s)).makespan_ns == 1170
