@@ -10,8 +10,8 @@ def replace_section(path: str | Path, begin: str, end: str, text: str) -> None:
     carries the markers itself; append it when the markers are not there yet."""
     path = Path(path)
     old = path.read_text() if path.exists() else ""
-    if begin in old and end in old:
+    if begin in old and end in old and old.index(begin) < old.index(end):
         new = old[:old.index(begin)] + text + old[old.index(end) + len(end):]
     else:
-        new = old.rstrip() + "\n\n" + text + "\n"
+        new = (old.rstrip() + "\n\n" if old.strip() else "") + text + "\n"
     path.write_text(new)

@@ -1,0 +1,334 @@
+"""fxsched against Inductor's overlap scheduler, side by side, scored by the one simulator.
+
+    python -m fxsched.benchmarks.compare [--graphs NAME ...] [--budgets 10 60] [--out benchmarks/RESULTS.md]
+
+For every zoo graph (forward and backward) one table with a row for: the original order, each
+heuristic of ``fxsched.heuristics.HEURISTICS``, Inductor's ``schedule_overlap_bucketing`` in
+each variant of ``inductor_adapter.VARIANTS`` (its default pipeline, with its overlap-preserving
+bucketer, and with bucketing off), and fxsched's CP-SAT ``solve`` at each budget. Inductor gets
+fxsched's costs through its ``custom_runtime_estimation`` hook and its output is mapped back to
+an fxsched schedule (``inductor_adapter`` says how, and which torch functions it patches).
+
+Columns (DESIGN.md "What good means"): exposed comm time, makespan, hidden/hideable
+collectives, collectives after bucketing, peak memory (absolute and vs the original order),
+solve time (the scheduler's own wall time on this machine), a lower bound on the makespan and
+the gap to it, how the row was scored, and for Inductor rows its own estimate (exposed time and
+hidden/hideable counts as it logs them). The bound of a CP-SAT row is the larger of CP-SAT's
+proven bound (which holds over its modelled space only: fixed heavy-compute order, its bucket
+candidates, the memory budget) and ``makespan_lower_bound`` (valid for every schedule); other
+rows show the latter.
+
+The section is written between ``<!-- compare:begin -->`` and ``<!-- compare:end -->`` of
+``--out`` (replaced if present, appended if not); without ``--out`` it is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import platform
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..fxbridge.extract import Extraction, extract_problem
+from ..heuristics import HEURISTICS
+from ..solver.bounds import makespan_lower_bound
+from ..solver.cpsat import SolveConfig, solve
+from ..solver.problem import ScheduleProblem
+from ..solver.schedule import Schedule
+from ..solver.simulator import SimResult, simulate
+from .sections import replace_section
+from .inductor_adapter import (
+    VARIANTS,
+    InductorReport,
+    InductorVariant,
+    reextract,
+    run_inductor,
+    score_inductor,
+)
+from .zoo import ZOO, build
+
+log = logging.getLogger(__name__)
+
+BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
+MODULE = "python -m fxsched.benchmarks.compare"
+PATCH_NOTE = (
+    "Inductor runs under `fxsched.fxbridge.hardware.hardware_context({profile!r})`, which replaces "
+    "`torch._inductor.comm_analysis.get_gpu_type`, `._has_nvlink` and its `torch` global "
+    "(`cuda.is_available()`/`cuda.device_count()`), and `torch.utils._runtime_estimation."
+    "get_gpu_dram_gbps`, `.get_device_tflops`, `.flops_to_ns` with that profile; on a CPU-only "
+    "torch `torch.Tensor.copy_` is replaced by a direct `torch.ops.aten.copy_.default` call (its "
+    "binding opens a CUDA device guard, which fails on fake CUDA tensors when the bucketer traces a "
+    "copy-in). Inductor config: `custom_runtime_estimation` = fxsched's costs, `compute_estimator` "
+    "= `collective_estimator` = `analytical`, `enable_fusion_regions` = False (fxsched's costs "
+    "already price fusion), `insert_overlap_deps` = False; everything else at its default.")
+CRITERION = "fxsched's exposed time at most half of Inductor's, or its makespan within 1% of the proven bound"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One scheduler's result on one problem, as the table shows it."""
+
+    scheduler: str
+    result: SimResult
+    solve_s: float
+    method: str = "simulated"  # how the simulator scored it (Inductor rows: mapped / re-extracted)
+    bound_ns: int | None = None  # a lower bound on the makespan (see module docstring)
+    inductor: InductorReport | None = None
+    note: str = ""
+
+    @property
+    def gap(self) -> float | None:
+        m = self.result.makespan_ns
+        return None if self.bound_ns is None or m <= 0 else max(0.0, (m - self.bound_ns) / m)
+
+
+@dataclass
+class PartReport:
+    """The rows of one graph part and the summary verdict."""
+
+    problem: ScheduleProblem
+    rows: list[Row]
+    global_bound_ns: int
+    notes: list[str]
+
+    def best(self, prefix: str) -> Row | None:
+        """The row with the least exposed time among rows whose label starts with ``prefix``."""
+        rows = [r for r in self.rows if r.scheduler.startswith(prefix)]
+        return min(rows, key=lambda r: (r.result.exposed_ns, r.result.makespan_ns)) if rows else None
+
+    def fxsched_row(self) -> Row | None:
+        """The best CP-SAT row (either mode) at the largest budget."""
+        rows = [r for r in self.rows if r.scheduler.startswith("cpsat")]
+        if not rows:
+            return None
+        last = rows[-1].scheduler.rsplit(" ", 1)[-1]  # the budget, e.g. "60s"
+        return min((r for r in rows if r.scheduler.endswith(" " + last)), key=lambda r: r.result.makespan_ns)
+
+    def summary(self) -> str:
+        """One line: fxsched exposed / Inductor exposed, and whether the criterion holds."""
+        fx_row, ind_row = self.fxsched_row(), self.best("inductor")
+        if fx_row is None or ind_row is None:
+            return f"**{self.problem.name}**: no CP-SAT or no Inductor row; nothing to compare."
+        fx_e, ind_e = fx_row.result.exposed_ns, ind_row.result.exposed_ns
+        ratio = fx_e / ind_e if ind_e else (0.0 if fx_e == 0 else float("inf"))
+        bound = fx_row.bound_ns or self.global_bound_ns
+        within = fx_row.result.makespan_ns <= 1.01 * bound
+        half = ind_e > 0 and fx_e <= 0.5 * ind_e or fx_e == 0
+        verdict = "HOLDS" if half or within else "FAILS"
+        why = [f"exposed {'<=' if half else '>'} half of Inductor's",
+               (f"makespan {'within' if within else 'not within'} 1% of the bound "
+                f"({fx_row.result.makespan_ns / 1e3:,.1f} vs {bound / 1e3:,.1f} us, gap {fx_row.gap or 0.0:.2%})")]
+        base = self.rows[0].result.peak_memory_bytes or 1
+        return (f"**{self.problem.name}**: {fx_row.scheduler} exposed {fx_e / 1e3:,.1f} us / best Inductor "
+                f"({ind_row.scheduler}) {ind_e / 1e3:,.1f} us = **{ratio:.2f}x**; criterion {verdict} "
+                f"({'; '.join(why)}); peak vs original: fxsched {fx_row.result.peak_memory_bytes / base:.3f}, "
+                f"Inductor {ind_row.result.peak_memory_bytes / base:.3f}.")
+
+
+def _timed(fn: Callable[[ScheduleProblem], Schedule], problem: ScheduleProblem) -> tuple[Schedule, float]:
+    t0 = time.perf_counter()
+    out = fn(problem)
+    return out, time.perf_counter() - t0
+
+
+def compare_part(
+    ext: Extraction,
+    groups: dict[str, int],
+    budgets: Sequence[float],
+    solve_config: SolveConfig,
+    *,
+    variants: Sequence[InductorVariant] = VARIANTS,
+    heuristics: Sequence[str] | None = None,
+    profile: str = "h100",
+    cross_check: bool = True,
+    modes: Sequence[str] = ("fixed", "free"),
+) -> PartReport:
+    """Every row for one extracted graph part (see module docstring)."""
+    problem = ext.problem
+    global_bound = makespan_lower_bound(problem).makespan_ns
+    rows = [Row("original order", simulate(problem), 0.0, bound_ns=global_bound)]
+    notes: list[str] = []
+    for name in heuristics if heuristics is not None else HEURISTICS:
+        sched, secs = _timed(HEURISTICS[name], problem)
+        rows.append(Row(name, simulate(problem, sched), secs, bound_ns=global_bound))
+    for variant in variants:
+        try:
+            run = run_inductor(ext, variant, profile)
+            scored = score_inductor(ext, run, groups, profile)
+            res = simulate(scored.problem, scored.schedule)
+        except Exception as e:  # a failing variant is reported, not fatal
+            log.exception("inductor %s on %s failed", variant.label, problem.name)
+            notes.append(f"`{variant.label}` failed: `{type(e).__name__}: {e}`")
+            continue
+        rows.append(Row(variant.label, res, run.seconds, scored.method, global_bound, run.report, scored.note))
+        if scored.note:
+            notes.append(f"`{variant.label}` was re-extracted because: {scored.note}")
+        if cross_check and scored.method == "mapped":
+            try:
+                alt = simulate(reextract(run, groups, profile))
+                notes.append(f"`{variant.label}` cross-check, output graph re-extracted as its own problem: "
+                             f"exposed {alt.exposed_ns / 1e3:,.1f} us, makespan {alt.makespan_ns / 1e3:,.1f} us, "
+                             f"{alt.n_collectives} collectives, peak {alt.peak_memory_bytes / 2**20:,.1f} MiB.")
+            except Exception as e:  # noqa: BLE001 - reported as a note
+                notes.append(f"`{variant.label}` cross-check (re-extraction) failed: `{type(e).__name__}: {e}`")
+    for budget, mode in ((b, m) for b in budgets for m in modes):
+        t0 = time.perf_counter()
+        r = solve(problem, budget, dataclasses.replace(solve_config, mode=mode))
+        wall = time.perf_counter() - t0
+        rows.append(Row(f"cpsat {mode} {budget:g}s", simulate(problem, r.schedule), wall,
+                        f"simulated ({r.status.value}, {r.method})", max(r.lower_bound, global_bound)))
+    return PartReport(problem, rows, global_bound, notes)
+
+
+def _fmt_us(ns: int) -> str:
+    return f"{ns / 1e3:,.1f}"
+
+
+def render_table(report: PartReport) -> str:
+    """A markdown table, one row per scheduler, original order first."""
+    base = report.rows[0].result.peak_memory_bytes if report.rows else 0
+    head = ["scheduler", "exposed us", "makespan us", "hidden/hideable", "collectives", "peak MiB", "peak vs orig",
+            "solve s", "bound us", "gap", "scored", "Inductor's own view"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * 9 + ["---", "---"]) + "|"]
+    for r in report.rows:
+        res = r.result
+        own = ""
+        if r.inductor is not None:
+            i = r.inductor
+            own = (f"exposed {i.total_exposed_ms * 1e3:,.1f} us, hidden {i.hidden_hideable}/{i.potentially_hidden}, "
+                   f"fully exposed {i.exposed}")
+        cells = [r.scheduler, _fmt_us(res.exposed_ns), _fmt_us(res.makespan_ns),
+                 f"{res.n_hidden_hideable}/{res.n_hideable}", str(res.n_collectives),
+                 f"{res.peak_memory_bytes / 2**20:,.1f}", f"{res.peak_memory_bytes / base:.3f}" if base else "-",
+                 f"{r.solve_s:.2f}", _fmt_us(r.bound_ns) if r.bound_ns is not None else "-",
+                 f"{r.gap:.2%}" if r.gap is not None else "-", r.method, own]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_part(report: PartReport, extract_s: float, n_nodes: int) -> list[str]:
+    p = report.problem
+    title = (f"#### {p.name}: {n_nodes} FX nodes, {len(p.ops)} ops, {len(p.collectives)} collectives "
+             f"(extracted in {extract_s:.2f} s)")
+    out = [title, "", render_table(report), ""]
+    out.append(f"Lower bound on the makespan over every schedule: {_fmt_us(report.global_bound_ns)} us "
+               f"(exposed >= {_fmt_us(report.global_bound_ns - report.rows[0].result.compute_ns)} us).")
+    out += [f"- {n}" for n in report.notes]
+    out += ["", report.summary(), ""]
+    return out
+
+
+def _budget_text(config: SolveConfig) -> str:
+    b = config.memory_budget
+    if b is None:
+        return "the original peak"
+    return f"{b:,} bytes" if isinstance(b, int) else f"{b:g}x the original peak"
+
+
+def header(argv: Sequence[str], budgets: Sequence[float], solve_config: SolveConfig, profile: str = "h100") -> list[str]:
+    """The section's opening lines: the exact command, the machine and what was patched."""
+    command = " ".join([MODULE, *map(shlex.quote, argv)]).strip()
+    return [BEGIN, "## fxsched vs Inductor (issue 6)", "",
+            f"Command: `{command}`", "",
+            f"On {platform.machine()} / Python {platform.python_version()}; times in us of simulated H100 time, "
+            f"every row scored by the one simulator with the same costs. CP-SAT: `solve(problem, budget, "
+            f"SolveConfig(workers={solve_config.workers}, deterministic={solve_config.deterministic}, "
+            f"seed={solve_config.seed}))` at budgets {', '.join(f'{b:g}' for b in budgets) or 'none'} s "
+            f"(memory budget: {_budget_text(solve_config)}). Inductor variants: "
+            + "; ".join(f"`{v.label}` = {v.description}" for v in VARIANTS) + ".", "",
+            ("`scored`: `mapped` = Inductor's output graph mapped back to a schedule of the original problem "
+            "(bucketed collectives traced to their members through `meta['from_node']`); `re-extracted` = "
+            "its output graph extracted as its own problem with the same costs. `bound us`: CP-SAT rows, the "
+            "larger of CP-SAT's bound over its modelled space and the bound over every schedule; other rows, "
+            "the latter. `Inductor's own view`: what its pass logs (its counts are of collectives after its "
+             "FSDP pre-bucketing; `hidden` = hideable and not fully exposed)."), "",
+            PATCH_NOTE.format(profile=profile), "", f"Criterion: {CRITERION}.", ""]
+
+
+def run(
+    names: Sequence[str],
+    budgets: Sequence[float],
+    *,
+    layers: int | None = None,
+    parts: Sequence[str] = ("forward", "backward"),
+    solve_config: SolveConfig | None = None,
+    profile: str = "h100",
+    argv: Sequence[str] = (),
+    variants: Sequence[InductorVariant] = VARIANTS,
+    heuristics: Sequence[str] | None = None,
+    cross_check: bool = True,
+    modes: Sequence[str] = ("fixed", "free"),
+) -> tuple[str, list[PartReport]]:
+    """The markdown section (markers included) and the part reports, for ``names``.
+
+    ``solve_config`` defaults to ``SolveConfig(workers=2)`` (deterministic, seed 0).
+    """
+    solve_config = solve_config or SolveConfig(workers=2)
+    out = header(argv, budgets, solve_config, profile)
+    reports: list[PartReport] = []
+    for name in names:
+        t0 = time.perf_counter()
+        zg = build(name, layers=layers)
+        cfg = zg.config
+        groups = {g.name: g.size for g in zg.groups.values()}
+        shape = (f"{cfg.layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, seq {cfg.seq_len}, world "
+                 f"{cfg.world_size} ({cfg.parallelism}, tp {cfg.tp_size}); traced in {time.perf_counter() - t0:.1f} s.")
+        out += [f"### {zg.name}", "", shape, ""]
+        for part in parts:
+            gm = getattr(zg, part)
+            t0 = time.perf_counter()
+            ext = extract_problem(gm, groups=groups, profile=profile, name=f"{zg.name}/{part}")
+            extract_s = time.perf_counter() - t0
+            log.info("compare %s: %d ops", ext.problem.name, len(ext.problem.ops))
+            report = compare_part(ext, groups, budgets, solve_config, variants=variants, heuristics=heuristics,
+                                  profile=profile, cross_check=cross_check, modes=modes)
+            reports.append(report)
+            out += render_part(report, extract_s, len(gm.graph.nodes))
+    out += ["### Summary", ""] + [f"- {r.summary()}" for r in reports] + ["", END]
+    return "\n".join(out), reports
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace the marked section of ``path`` with ``text`` (markers included), or append it."""
+    replace_section(path, BEGIN, END, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog=MODULE, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graphs", nargs="*", default=[n for n in ZOO if not n.endswith("_small")])
+    ap.add_argument("--budgets", nargs="*", type=float, default=[10.0, 60.0], help="CP-SAT budgets (s)")
+    ap.add_argument("--layers", type=int, default=None, help="override the zoo graphs' layer count")
+    ap.add_argument("--parts", nargs="*", default=["forward", "backward"], choices=["forward", "backward"])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--modes", nargs="*", default=["fixed", "free"], choices=["fixed", "free"],
+                    help="CP-SAT modes: fixed heavy-compute order and/or free order")
+    ap.add_argument("--wall-clock", action="store_true", help="CP-SAT wall-clock limit (default: deterministic)")
+    ap.add_argument("--memory-budget", type=float, default=None,
+                    help="CP-SAT peak-memory budget as a ratio of the original peak (default 1.0)")
+    ap.add_argument("--profile", default="h100")
+    ap.add_argument("--no-cross-check", action="store_true", help="skip re-extracting mapped Inductor outputs")
+    ap.add_argument("--out", default=None, help="write the section into this markdown file (default: stdout)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    config = SolveConfig(workers=args.workers, seed=args.seed, deterministic=not args.wall_clock,
+                         memory_budget=args.memory_budget)
+    text, _ = run(args.graphs, args.budgets, layers=args.layers, parts=args.parts, solve_config=config,
+                  profile=args.profile, argv=argv, cross_check=not args.no_cross_check, modes=args.modes)
+    if args.out:
+        write_section(Path(args.out), text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""Tests of the Inductor comparison (``benchmarks/compare.py``, ``benchmarks/inductor_adapter.py``).
+
+On the 1-layer variant of ``llama_fsdp_8r_small`` (fake process group, CPU-only torch): Inductor's
+``schedule_overlap_bucketing`` runs under the adapter with fxsched's costs, its output maps back
+to a valid fxsched schedule, the simulator's score of it is consistent (with Inductor's own
+estimate, with a re-extraction of its output graph, and with the bucketing it did), and the
+markdown section renders. CP-SAT runs deterministic with a tiny budget; nothing here is timed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from fxsched.benchmarks import compare
+from fxsched.benchmarks.inductor_adapter import (
+    VARIANTS,
+    FxschedEstimator,
+    InductorRun,
+    InductorVariant,
+    MappingError,
+    copy_graph_module,
+    map_schedule,
+    reextract,
+    run_inductor,
+    score_inductor,
+)
+from fxsched.benchmarks.zoo import ZooGraph, build
+from fxsched.fxbridge.costs import collective_kind, collective_size_bytes
+from fxsched.fxbridge.extract import Extraction, extract_problem
+from fxsched.solver import OpKind, Schedule, check_schedule, simulate
+from fxsched.solver.cpsat import SolveConfig
+
+NAME, LAYERS = "llama_fsdp_8r_small", 1
+DEFAULT, BUCKETING, NO_BUCKETING = VARIANTS
+
+
+@pytest.fixture(scope="module")
+def zoo() -> Iterator[ZooGraph]:
+    zg = build(NAME, layers=LAYERS)
+    yield zg
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _groups(zg: ZooGraph) -> dict[str, int]:
+    return {g.name: g.size for g in zg.groups.values()}
+
+
+@pytest.fixture(scope="module", params=["forward", "backward"])
+def ext(request: pytest.FixtureRequest, zoo: ZooGraph) -> Extraction:
+    return extract_problem(getattr(zoo, request.param), groups=_groups(zoo), name=f"{zoo.name}/{request.param}")
+
+
+@pytest.fixture(scope="module")
+def runs(ext: Extraction) -> dict[str, InductorRun]:
+    """Each Inductor variant run once on ``ext`` (tests must not mutate these)."""
+    before = [n.name for n in ext.graph_module.graph.nodes]
+    out = {v.label: run_inductor(ext, v) for v in VARIANTS}
+    assert [n.name for n in ext.graph_module.graph.nodes] == before, "the pass must run on a copy"
+    return out
+
+
+def test_estimator_answers_with_the_problem_costs(ext: Extraction) -> None:
+    gm, nodes = copy_graph_module(ext.graph_module)
+    assert [n.name for n in gm.graph.nodes] == [n.name for n in ext.graph_module.graph.nodes]
+    est = FxschedEstimator(ext.problem, nodes)
+    for op in ext.problem.ops:
+        assert est(nodes[op.name], None) == pytest.approx(op.runtime_ns / 1e6)
+    coll = ext.problem.collectives[0]
+    node = nodes[coll.name]
+    curve = ext.problem.curve_by_key[(coll.collective.group, coll.collective.kind)]
+    size = collective_size_bytes(node)
+    assert est(node, 3 * size) == pytest.approx(curve.runtime_ns(3 * size) / 1e6)
+    assert est(node, 0) == pytest.approx(curve.runtime_ns(0) / 1e6)
+    # identity, not name: the node of the same name in the uncopied graph is not "original"
+    compute = next(op for op in ext.problem.ops if op.kind is OpKind.COMPUTE)
+    assert est.runtime_ns(ext.nodes[compute.name]) is None
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v.label for v in VARIANTS])
+def test_inductor_maps_back_to_a_valid_schedule(ext: Extraction, zoo: ZooGraph, runs: dict[str, InductorRun],
+                                                variant: InductorVariant) -> None:
+    run = runs[variant.label]
+    assert run.estimator.answered > 0
+    sched = map_schedule(ext.problem, run)
+    assert check_schedule(ext.problem, sched) == []
+    res = simulate(ext.problem, sched)
+    orig = simulate(ext.problem)
+    assert res.compute_ns >= orig.compute_ns
+    assert res.exposed_ns < orig.exposed_ns, "Inductor hides something on a Llama FSDP step"
+    new_colls = [n for n in run.graph_module.graph.nodes
+                 if n.name not in ext.problem.op_by_name and collective_kind(n) is not None]
+    if variant is NO_BUCKETING:
+        assert sched.buckets == () and not new_colls
+        assert res.n_collectives == len(ext.problem.collectives)
+        # without buckets the output graph's own problem is the same problem in another order
+        alt = simulate(reextract(run, _groups(zoo)))
+        assert (alt.exposed_ns, alt.makespan_ns, alt.n_collectives) == (res.exposed_ns, res.makespan_ns,
+                                                                        res.n_collectives)
+    else:
+        assert sched.buckets, "FSDP pre-bucketing merges all_gathers"
+        merged = sum(len(b) for b in sched.buckets)
+        assert res.n_collectives == len(ext.problem.collectives) - merged + len(sched.buckets)
+        assert res.n_collectives == sum(1 for n in run.graph_module.graph.nodes
+                                        if n.op == "call_function" and "wait_tensor" in str(n.target))
+    # same costs: the simulator's exposed time agrees with Inductor's own estimate
+    assert run.report is not None
+    assert res.exposed_ns / 1e6 == pytest.approx(run.report.total_exposed_ms, rel=0.15)
+
+
+def test_bucketing_variant_buckets_more(ext: Extraction, runs: dict[str, InductorRun]) -> None:
+    default = map_schedule(ext.problem, runs[DEFAULT.label])
+    bucketed = map_schedule(ext.problem, runs[BUCKETING.label])
+    counts = [simulate(ext.problem, s).n_collectives for s in (bucketed, default)]
+    assert counts[0] <= counts[1] < len(ext.problem.collectives)
+
+
+def test_unmappable_output_is_reextracted(ext: Extraction, zoo: ZooGraph) -> None:
+    run = run_inductor(ext, DEFAULT)
+    for node in run.graph_module.graph.nodes:
+        node.meta.pop("from_node", None)
+    with pytest.raises(MappingError, match="from_node"):
+        map_schedule(ext.problem, run)
+    scored = score_inductor(ext, run, _groups(zoo))
+    assert scored.method == "re-extracted" and "from_node" in scored.note
+    assert scored.problem is not ext.problem
+    res = simulate(scored.problem, scored.schedule)
+    assert res.n_collectives < len(ext.problem.collectives)
+
+
+def test_write_section_replaces_or_appends(tmp_path: Path) -> None:
+    path = tmp_path / "r.md"
+    compare.write_section(path, f"{compare.BEGIN}\none\n{compare.END}")
+    assert path.read_text() == f"{compare.BEGIN}\none\n{compare.END}\n"
+    path.write_text(f"# head\n\n{compare.BEGIN}\nold\n{compare.END}\ntail\n")
+    compare.write_section(path, f"{compare.BEGIN}\nnew\n{compare.END}")
+    assert path.read_text() == f"# head\n\n{compare.BEGIN}\nnew\n{compare.END}\ntail\n"
+    path.write_text("# other\n")
+    compare.write_section(path, f"{compare.BEGIN}\nx\n{compare.END}")
+    assert path.read_text() == f"# other\n\n{compare.BEGIN}\nx\n{compare.END}\n"
+
+
+def test_section_renders(zoo: ZooGraph, tmp_path: Path) -> None:
+    argv = ["--graphs", NAME, "--layers", str(LAYERS), "--budgets", "0.05"]
+    text, reports = compare.run([NAME], [0.05], layers=LAYERS, parts=("forward",), argv=argv,
+                                solve_config=SolveConfig(seed=0, workers=1, deterministic=True),
+                                heuristics=["overlap"], cross_check=False)
+    assert text.startswith(compare.BEGIN) and text.rstrip().endswith(compare.END)
+    assert f"`python -m fxsched.benchmarks.compare {' '.join(argv)}`" in text
+    assert "torch.Tensor.copy_" in text and "get_gpu_dram_gbps" in text
+    (report,) = reports
+    labels = [r.scheduler for r in report.rows]
+    assert labels[:2] == ["original order", "overlap"] and labels[-2:] == ["cpsat fixed 0.05s", "cpsat free 0.05s"]
+    assert [v.label for v in VARIANTS] == [lab for lab in labels if lab.startswith("inductor")]
+    for row in report.rows:
+        assert f"| {row.scheduler} |" in text
+        if row.scheduler.startswith("inductor"):
+            assert row.method == "mapped" and row.inductor is not None
+        assert row.bound_ns is not None and row.bound_ns <= row.result.makespan_ns
+    cp = report.fxsched_row()
+    assert cp is not None and cp.result.makespan_ns <= report.rows[0].result.makespan_ns
+    assert cp.result.makespan_ns == min(r.result.makespan_ns for r in report.rows if r.scheduler.startswith("cpsat"))
+    summary = report.summary()
+    assert "best Inductor" in summary and ("HOLDS" in summary or "FAILS" in summary)
+    assert summary in text
+    out = tmp_path / "cmp.md"
+    compare.write_section(out, text)
+    assert out.read_text().count(compare.BEGIN) == 1
+
+
+def test_schedule_of_original_problem_is_unchanged_by_mapping(ext: Extraction) -> None:
+    """Mapping a run with no reordering at all gives the original order back."""
+    gm, nodes = copy_graph_module(ext.graph_module)
+    run = InductorRun(NO_BUCKETING, gm, nodes, FxschedEstimator(ext.problem, nodes), 0.0)
+    assert map_schedule(ext.problem, run) == Schedule.original(ext.problem)
