@@ -292,12 +292,13 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
             plan=tuple(dict.fromkeys((*(b for b in best.buckets if not set(b) & window[1]), *config.plan))),
             extra=moves, frozen=frozenset(c.name for c in problem.collectives if c.name not in window[1]),
             bucketed_only=frozenset(m for b in best.buckets if len(b) >= 4 and set(b) & window[1] for m in b))
+        t_round = time.perf_counter()
         frame = build_frame(problem, opts)
         builder = ModelBuilder(frame, budget, config.pinned)
         builder.build()
         builder.minimize_makespan()
         _add_hint(builder, best)
-        stats.update(_stats(builder, time.perf_counter() - t0))
+        stats.update(_stats(builder, time.perf_counter() - t_round))
         stats["rounds"] += 1
         left = time_budget_s - (time.perf_counter() - t0)
         if not config.deterministic and left <= 0:
