@@ -22,6 +22,7 @@ This is a heavy-compute reorder: its result is a free-order schedule.
 from __future__ import annotations
 
 import logging
+import time
 
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
@@ -31,23 +32,28 @@ from .overlap import original_peak
 log = logging.getLogger(__name__)
 
 
-def _deferred(problem: ScheduleProblem, sched: Schedule, members: tuple[str, ...], issue_pos: int,
-              seeds: set[str]) -> Schedule:
-    """``sched`` with ``seeds`` (non-ancestors of ``members`` before ``issue_pos``) and every op that
-    depends on them up to the issue moved just after the issue, in their old relative order."""
+def _deferred(problem: ScheduleProblem, sched: Schedule, pos: dict[str, int], bucketed: frozenset[str],
+              issue_pos: int, seeds: set[str]) -> Schedule | None:
+    """``sched`` with ``seeds`` (non-ancestors of the collective issued at ``issue_pos``, before it)
+    and every op that depends on them up to the issue moved just after the issue, in their old
+    relative order; None when it moves a bucket member past another member's wait."""
     order = sched.order
-    moved, kept, moved_bits = [], [], 0
-    first = min(sched.order.index(s) for s in seeds)
-    for pos in range(first, issue_pos + 1):
-        op = order[pos]
+    moved, kept, moved_bits, moves_member = [], [], 0, False
+    first = min(pos[s] for s in seeds)
+    for p in range(first, issue_pos + 1):
+        op = order[p]
         i = problem.index[op]
         if op in seeds or problem.ancestors[i] & moved_bits:
+            moves_member = moves_member or op in bucketed
             moved.append(op)
             moved_bits |= 1 << i
         else:
             kept.append(op)
-    new = order[:first] + tuple(kept) + tuple(moved) + order[issue_pos + 1:]
-    return Schedule(order=new, buckets=sched.buckets, multi_dtype=sched.multi_dtype)
+    new = Schedule(order=order[:first] + tuple(kept) + tuple(moved) + order[issue_pos + 1:],
+                   buckets=sched.buckets, multi_dtype=sched.multi_dtype)
+    if moves_member and check_schedule(problem, new):
+        return None  # split a bucket's issue from another member's wait
+    return new
 
 
 def _suffix_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, start: int, issue_pos: int) -> set[str]:
@@ -56,50 +62,53 @@ def _suffix_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, st
             if not anc >> problem.index[op] & 1 and problem.ops[problem.index[op]].kind is OpKind.COMPUTE}
 
 
-def _private_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, issue_pos: int) -> list[set[str]]:
-    """Per collective issued before ``issue_pos`` that is not an ancestor: the compute before the issue
-    that is not an ancestor, with the collective itself, when that compute outlasts the collective;
-    the latest issued first (moving compute from far back shrinks earlier overlap windows)."""
-    pos = {op: i for i, op in enumerate(order[:issue_pos])}
+def _private_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, issue_pos: int,
+                   limit: int) -> list[set[str]]:
+    """For the ``limit`` latest collectives issued before ``issue_pos`` that are not ancestors: the
+    compute before the issue that is not an ancestor, with the collective itself, when that compute
+    outlasts the collective (moving compute from far back shrinks earlier overlap windows)."""
+    before = set(order[:issue_pos])
     out = []
-    for op in order[:issue_pos]:
+    for p in range(issue_pos - 1, -1, -1):
+        if len(out) >= limit:
+            break
+        op = order[p]
         i = problem.index[op]
         o = problem.ops[i]
         if o.kind is not OpKind.COLLECTIVE or anc >> i & 1:
             continue
-        a = problem.ancestors[i] & ~anc
-        seeds = {problem.ops[j].name for j in _bits(a) if problem.ops[j].name in pos
+        seeds = {n for j in _bits(problem.ancestors[i] & ~anc) if (n := problem.ops[j].name) in before
                  and problem.ops[j].kind is OpKind.COMPUTE}
-        if seeds:
-            net = sum(problem.ops[problem.index[s]].runtime_ns for s in seeds) - o.runtime_ns
-            if net > 0:
-                out.append((-pos[op], seeds | {op}))
-    out.sort(key=lambda x: x[0])
-    return [s for _, s in out]
+        if seeds and sum(problem.ops[problem.index[s]].runtime_ns for s in seeds) > o.runtime_ns:
+            out.append(seeds | {op})
+    return out
 
 
 def _bits(mask: int):
-    i = 0
+    """Indices of the set bits of ``mask``, lowest first."""
     while mask:
-        if mask & 1:
-            yield i
-        mask >>= 1
-        i += 1
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
 
 
 def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
-                      max_moves: int = 16, tries_per_move: int = 12) -> Schedule:
+                      max_moves: int = 16, tries_per_move: int = 12, deadline: float | None = None) -> Schedule:
     """Improve ``schedule`` by deferring independent compute past exposed collectives (see module doc).
 
     Exposed collectives are visited last-wait first; for each, suffixes of the non-ancestor ops
     before its issue are tried, holding about 1, 1.5, 2, ... times its exposed time of compute.
-    Each accepted move re-simulates; at most ``max_moves`` moves are kept.
+    Each accepted move re-simulates; at most ``max_moves`` moves are kept. ``deadline`` (a
+    ``time.perf_counter()`` value; None: none, the deterministic default) stops the search early.
     """
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
     best, res = schedule, simulate(problem, schedule)
     runtime = {op.name: op.runtime_ns if op.kind is OpKind.COMPUTE else 0 for op in problem.ops}
     tried: set[tuple[str, ...]] = set()
     for _ in range(max_moves):
+        if deadline is not None and time.perf_counter() > deadline:
+            log.info("defer_independent %s: deadline reached", problem.name)
+            break
         exposed = [t for t in res.collectives if t.exposed_ns > 0 and t.members not in tried]
         if not exposed:
             break
@@ -134,16 +143,18 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, run
         if k == len(targets):
             break
     union: set[str] = set()
-    for seeds in _private_seeds(problem, order, anc, t.issue_pos)[:tries]:
+    for seeds in _private_seeds(problem, order, anc, t.issue_pos, tries):
         union = union | seeds
         seed_sets.append(union)
     found = None
+    pos = {op: i for i, op in enumerate(order)}
+    bucketed = frozenset(m for b in sched.buckets for m in b)
     for seeds in seed_sets:
         if not seeds:
             continue
-        cand = _deferred(problem, sched, t.members, t.issue_pos, seeds)
-        if check_schedule(problem, cand):
-            continue  # split a bucket's issue from another member's wait
+        cand = _deferred(problem, sched, pos, bucketed, t.issue_pos, seeds)
+        if cand is None:
+            continue
         r = simulate(problem, cand)
         if r.peak_memory_bytes <= budget and r.makespan_ns < (found[1].makespan_ns if found else res.makespan_ns):
             found = (cand, r)

@@ -130,12 +130,15 @@ def resolve_budget(problem: ScheduleProblem, budget: float | None) -> int:
 
 
 WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graphs want larger buckets
+WARM_START_SHARE = 0.6
 
 
-def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig) -> tuple[str, Schedule]:
+def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
+               deadline: float | None = None) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``);
-    in free mode, then with independent compute deferred past exposed collectives."""
+    in free mode, then with independent compute deferred past exposed collectives. With a
+    ``deadline`` (wall-clock solves only) the tries after the first stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
     if config.bucketing and not config.plan:
@@ -145,8 +148,15 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig)
             tries.append((f"bucket+overlap@{cap >> 20}MiB", lambda cap=cap: bucketed_overlap(
                 problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc)))
     best: tuple[tuple[bool, int, int], str, Schedule] | None = None
+    first_s = 0.0
     for name, fn in tries:
+        # a bucketed try costs about 1.5x the first: skip what cannot finish before the deadline
+        if best is not None and deadline is not None and time.perf_counter() + 1.5 * first_s > deadline:
+            log.info("warm start %s: no time left for %s", problem.name, name)
+            break
+        t = time.perf_counter()
         sched = fn()
+        first_s = first_s or time.perf_counter() - t
         r = simulate(problem, sched)
         key = (r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes)
         if best is None or key < best[0]:
@@ -154,7 +164,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig)
     assert best is not None
     name, sched = best[1], best[2]
     if config.mode == "free":
-        deferred = defer_independent(problem, sched, budget_bytes=budget_bytes)
+        deferred = defer_independent(problem, sched, budget_bytes=budget_bytes, deadline=deadline)
         if deferred != sched:
             name, sched = f"{name}+defer", deferred
     return name, sched
@@ -183,12 +193,18 @@ def solve(
     budget = resolve_budget(problem, config.memory_budget)
     if problem.link_contention:
         log.warning("solve: link contention %.2f is not modelled; the simulator scores it", problem.link_contention)
-    h_name, h_sched = ("hint", hint) if hint is not None else warm_start(problem, budget, config)
+    # wall-clock solves keep at least 40% of the budget for the search
+    deadline = None if config.deterministic else t0 + WARM_START_SHARE * time_budget_s
+    h_name, h_sched = ("hint", hint) if hint is not None else warm_start(problem, budget, config, deadline)
     h_res = simulate(problem, h_sched)
     # a bound valid for every schedule (any order, any buckets): the floor of every reported bound
     floor_ns = makespan_lower_bound(problem).makespan_ns
-    frame = build_frame(problem, config.frame_options())
-    pairs = order_pairs(frame)
+    n_free = sum(op.kind is not OpKind.ZERO for op in problem.ops)
+    if config.mode == "free" and n_free * (n_free - 1) // 2 > 4 * config.max_order_literals:
+        frame, pairs = None, n_free * (n_free - 1) // 2  # far too large for a free frame: skip building it
+    else:
+        frame = build_frame(problem, config.frame_options())
+        pairs = order_pairs(frame)
     if not config.deterministic:  # a wall-clock budget covers the warm start too
         time_budget_s = max(0.0, time_budget_s - (time.perf_counter() - t0))
     if pairs > config.max_order_literals:
@@ -251,6 +267,13 @@ def _stats(builder: ModelBuilder, build_s: float) -> dict[str, int]:
     return stats
 
 
+def positions_of(problem: ScheduleProblem, sched: Schedule) -> tuple[tuple[str, int, int], ...]:
+    """Per collective, the program positions where ``sched`` issues and waits it (its bucket's)."""
+    pos = {op: i for i, op in enumerate(sched.order)}
+    wait_of = problem.wait_of
+    return tuple((c.name, pos[c.name], pos[wait_of[c.name]]) for c in problem.collectives)
+
+
 def centers_of(problem: ScheduleProblem, frame: Frame, sched: Schedule) -> tuple[tuple[str, int, int], ...]:
     """Per collective, the backbone slots where ``sched`` issues and waits it (its bucket's)."""
     pos = {op: i for i, op in enumerate(sched.order)}
@@ -291,7 +314,8 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
             config.frame_options(), centers=centers, radius=config.lns_radius, bucketing=False,
             plan=tuple(dict.fromkeys((*(b for b in best.buckets if not set(b) & window[1]), *config.plan))),
             extra=moves, frozen=frozenset(c.name for c in problem.collectives if c.name not in window[1]),
-            bucketed_only=frozenset(m for b in best.buckets if len(b) >= 4 and set(b) & window[1] for m in b))
+            bucketed_only=frozenset(m for b in best.buckets if len(b) >= 4 and set(b) & window[1] for m in b),
+            positions=positions_of(problem, best))
         t_round = time.perf_counter()
         frame = build_frame(problem, opts)
         builder = ModelBuilder(frame, budget, config.pinned)

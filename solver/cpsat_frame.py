@@ -67,6 +67,7 @@ class Item:
     key: int | None = None  # FIXED: constant key
     slots: tuple[int, ...] = ()  # fixed mode, ISSUE / WAIT: allowed slots
     deps: set[int] = field(default_factory=set)  # items that must precede it (when both present)
+    anchor: int | None = None  # frozen items: the incumbent's position, which fixes their mutual order
 
 
 @dataclass
@@ -107,6 +108,7 @@ class FrameOptions:
     radius: int | None = None
     frozen: frozenset[str] = frozenset()  # collectives held at their centers (radius 0)
     bucketed_only: frozenset[str] = frozenset()  # collectives with no lone candidate (in extra buckets)
+    positions: tuple[tuple[str, int, int], ...] = ()  # per collective: incumbent issue and wait positions
 
 
 def build_frame(problem: ScheduleProblem, opts: FrameOptions) -> Frame:
@@ -253,16 +255,21 @@ def _fixed_frame(problem: ScheduleProblem, pl: Placement, cands: list[Candidate]
     issue_item, wait_item = _candidate_items(problem, cands, chains, items)
     windows = _windows(problem, pl, opts)
     centers = {c: (i, w) for c, i, w in opts.centers}
+    positions = {c: (i, w) for c, i, w in opts.positions}
     for c in cands:
         lo = max(pl.units[m].earliest for m in c.members)
         hi = min(pl.units[m].need for m in c.members)
         lo_issue = max(lo, min(windows[m] for m in c.members))
-        ok = [s for s in slots if lo_issue <= s <= hi] or [s for s in slots if lo <= s <= hi]
+        ok = _between(slots, lo_issue, hi) or _between(slots, lo, hi)
         issue_ok, wait_ok = ok, ok
         if opts.radius is not None and all(m in centers for m in c.members):
-            radius = 0 if any(m in opts.frozen for m in c.members) else opts.radius
+            frozen = any(m in opts.frozen for m in c.members)
+            radius = 0 if frozen else opts.radius
             issue_ok = _near(ok, max(centers[m][0] for m in c.members), radius)
-            wait_ok = _near([s for s in ok if s >= issue_ok[0]], min(centers[m][1] for m in c.members), radius)
+            wait_ok = _near(ok[bisect.bisect_left(ok, issue_ok[0]):], min(centers[m][1] for m in c.members), radius)
+            if frozen and all(m in positions for m in c.members):
+                items[issue_item[c.index]].anchor = max(positions[m][0] for m in c.members)
+                items[wait_item[c.index]].anchor = min(positions[m][1] for m in c.members)
         items[issue_item[c.index]].slots = tuple(issue_ok)
         items[wait_item[c.index]].slots = tuple(wait_ok)
     op_items = _op_items(items)
@@ -271,9 +278,15 @@ def _fixed_frame(problem: ScheduleProblem, pl: Placement, cands: list[Candidate]
                  key_span=span, n_keys=(n + 1) * span, segments=segments, backbone=pl.backbone)
 
 
+def _between(slots: list[int], lo: int, hi: int) -> list[int]:
+    """The sorted ``slots`` in ``[lo, hi]``."""
+    return slots[bisect.bisect_left(slots, lo):bisect.bisect_right(slots, hi)]
+
+
 def _near(slots: list[int], center: int, radius: int) -> list[int]:
-    """The slots within ``radius`` ranks of the one nearest ``center`` (never empty)."""
-    i = min(range(len(slots)), key=lambda j: (abs(slots[j] - center), j))
+    """The slots within ``radius`` ranks of the one nearest ``center`` (never empty; sorted input)."""
+    j = bisect.bisect_left(slots, center)
+    i = min((k for k in (j - 1, j) if 0 <= k < len(slots)), key=lambda k: (abs(slots[k] - center), k))
     return slots[max(0, i - radius): i + radius + 1]
 
 

@@ -19,6 +19,7 @@ timeline is itself a model solution).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass, field
 
@@ -121,17 +122,22 @@ class ModelBuilder:
 
     def backbone_chain(self) -> None:
         """Fixed mode: segments run in order; a movable item before/after a segment is ordered
-        with it on the clock, decided by its slot."""
+        with it on the clock, decided by its slot (only the segments its slots touch or bound:
+        the chain orders it with the rest)."""
         f, m, v = self.frame, self.model, self.v
         for g in range(1, len(f.segments)):
             m.Add(v.seg_start[g] >= v.seg_end[g - 1])
+        if f.mode != "fixed":
+            return
+        seg_starts = [a for a, _ in f.segments]
         for it in self.movable:
-            if f.mode != "fixed":
-                continue
             lo, hi = min(it.slots), max(it.slots)
             lit = v.present[it.index]
             enf = [] if lit is True else [lit]
-            for g, (a, b) in enumerate(f.segments):
+            first_g = max(0, bisect.bisect_left(seg_starts, lo) - 1)
+            last_g = min(len(f.segments), bisect.bisect_right(seg_starts, hi) + 1)
+            for g in range(first_g, last_g):
+                a, b = f.segments[g]
                 if b <= lo:
                     if b == lo:
                         m.Add(v.start[it.index] >= v.seg_end[g]).OnlyEnforceIf(enf)
@@ -157,27 +163,47 @@ class ModelBuilder:
 
     def pairwise_order(self) -> None:
         """Every two movable items that may share a place get an order literal (or a forced order
-        from data dependencies): keys, the clock and, for two issues of one group, FIFO."""
+        from data dependencies): keys, the clock and, for two issues of one group, FIFO. Frozen
+        items (anchored at the incumbent's positions) keep their mutual order: a chain of
+        consecutive pairs, and per group a FIFO chain of their issues, stand for all their pairs."""
+        free = [it for it in self.movable if it.anchor is None]
+        frozen = sorted((it for it in self.movable if it.anchor is not None), key=lambda it: (it.anchor, it.index))
+        for a, b in itertools.chain(itertools.combinations(free, 2), itertools.product(free, frozen)):
+            self._order_pair(a, b)
+        for a, b in zip(frozen, frozen[1:]):
+            self._precede(a, b, self._presences(a, b))
+        last_issue: dict[str, Item] = {}
+        for it in frozen:
+            if it.kind is ItemKind.ISSUE:
+                group = self.frame.candidates[it.candidate].group  # type: ignore[index]
+                prev = last_issue.get(group)
+                if prev is not None:
+                    self._fifo(prev, it, self._presences(prev, it))
+                last_issue[group] = it
+
+    def _presences(self, a: Item, b: Item) -> list:
+        return [self.v.present[i.index] for i in (a, b) if self.v.present[i.index] is not True]
+
+    def _order_pair(self, a: Item, b: Item) -> None:
         m, v, f = self.model, self.v, self.frame
-        for a, b in itertools.combinations(self.movable, 2):
-            if not self._order_free(a, b):
-                if f.mode == "fixed" and (a.index in b.deps or b.index in a.deps):
-                    first, second = (a, b) if a.index in b.deps else (b, a)
-                    self._precede(first, second, [])
-                elif f.mode == "fixed" and self._same_group_issues(a, b) and not set(a.slots) & set(b.slots):
-                    # slots (contiguous runs) order them: the clock follows from the segments
-                    # between, the group's FIFO must be stated
-                    first, second = (a, b) if max(a.slots) < min(b.slots) else (b, a)
-                    self._fifo(first, second, [v.present[i.index] for i in (a, b) if v.present[i.index] is not True])
-                continue
-            if a.index in b.deps or b.index in a.deps:
+        if not self._order_free(a, b):
+            if f.mode == "fixed" and (a.index in b.deps or b.index in a.deps):
                 first, second = (a, b) if a.index in b.deps else (b, a)
                 self._precede(first, second, [])
-                continue
-            lit = m.NewBoolVar(f"b_{a.index}_{b.index}")
-            v.before[(a.index, b.index)] = lit
-            self._precede(a, b, [lit])
-            self._precede(b, a, [lit.Not()])
+            elif f.mode == "fixed" and self._same_group_issues(a, b) and not set(a.slots) & set(b.slots):
+                # slots (contiguous runs) order them: the clock follows from the segments
+                # between, the group's FIFO must be stated
+                first, second = (a, b) if max(a.slots) < min(b.slots) else (b, a)
+                self._fifo(first, second, self._presences(a, b))
+            return
+        if a.index in b.deps or b.index in a.deps:
+            first, second = (a, b) if a.index in b.deps else (b, a)
+            self._precede(first, second, [])
+            return
+        lit = m.NewBoolVar(f"b_{a.index}_{b.index}")
+        v.before[(a.index, b.index)] = lit
+        self._precede(a, b, [lit])
+        self._precede(b, a, [lit.Not()])
 
     def _precede(self, a: Item, b: Item, enf: list) -> None:
         """Under ``enf`` (and both present): a runs before b."""
