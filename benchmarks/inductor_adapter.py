@@ -47,7 +47,6 @@ output graph as its own problem with the same estimator and simulates its progra
 
 from __future__ import annotations
 
-import copy
 import logging
 import operator
 import time
@@ -62,6 +61,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.fx_passes import fsdp as _fsdp  # noqa: F401 - imported first: it sets its logger to INFO
 from torch._inductor.fx_passes import overlap_scheduling
 
+from ..fxbridge.apply import copy_graph_module
 from ..fxbridge.costs import collective_kind, collective_size_bytes
 from ..fxbridge.extract import Extraction, extract_problem
 from ..fxbridge.hardware import hardware_context
@@ -133,24 +133,6 @@ class FxschedEstimator:
         if curve is None:
             return None
         return curve.runtime_ns(collective_size_bytes(node) if override_size is None else int(override_size))
-
-
-def copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[str, fx.Node]]:
-    """A structural copy of ``gm`` (fresh nodes with the same names, meta dicts shallow-copied,
-    FakeTensors shared) and the name -> node map into it. Inductor's pass mutates only the copy."""
-    graph = gm.graph
-    new = fx.Graph(tracer_cls=graph._tracer_cls)
-    val_map: dict[fx.Node, fx.Node] = {}
-    out = new.graph_copy(graph, val_map, return_output_node=True)  # type: ignore[arg-type]
-    new._codegen = copy.deepcopy(graph._codegen)
-    if out is not None:
-        out_val, old_out = out  # type: ignore[misc]
-        assert isinstance(old_out, fx.Node)
-        new_out = new.output(out_val, type_expr=getattr(old_out, "type", None))
-        new_out.meta = copy.copy(old_out.meta)
-    copied = fx.GraphModule(gm, new, class_name=type(gm).__name__)
-    copied.meta = copy.copy(gm.meta)
-    return copied, {old.name: n for old, n in val_map.items()}
 
 
 class _ResultsCapture(logging.Handler):

@@ -32,18 +32,24 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import torch.fx as fx
+from torch import fx
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
 from torch.utils._ordered_set import OrderedSet
 
 from ..solver.problem import OpKind
 from ..solver.schedule import Schedule, ScheduleError, check_schedule
-from .bucket_rewrite import MergedBucket, UnsupportedBucketError, check_bucketable, merge_bucket
+from .bucket_rewrite import (
+    MergedBucket,
+    UnsupportedBucketError,
+    check_bucketable,
+    merge_bucket,
+)
 from .extract import META_KEY, Extraction
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AppliedBucket", "ApplyError", "ScheduleError", "UnsupportedBucketError", "apply_schedule"]
+__all__ = ["AppliedBucket", "ApplyError", "ScheduleError", "UnsupportedBucketError", "apply_schedule",
+           "copy_graph_module"]
 
 
 class ApplyError(ValueError):
@@ -174,8 +180,9 @@ def _resolve_nodes(extraction: Extraction) -> dict[str, fx.Node]:
     return nodes
 
 
-def _copy(gm: fx.GraphModule, nodes: dict[str, fx.Node]) -> tuple[fx.GraphModule, dict[str, fx.Node]]:
-    """A copy of ``gm`` (node meta shallow-copied, our meta entry copied) and the node map into it.
+def copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[str, fx.Node]]:
+    """A structural copy of ``gm`` (fresh nodes with the same names, meta dicts shallow-copied and
+    our meta entry copied, FakeTensors shared) and the name -> new node map.
 
     As ``fx.Graph.__deepcopy__``, but keeping the old-to-new node map (its ``memo`` cannot be an
     empty dict we own).
@@ -195,7 +202,13 @@ def _copy(gm: fx.GraphModule, nodes: dict[str, fx.Node]) -> tuple[fx.GraphModule
             node.meta[META_KEY] = dict(node.meta[META_KEY])
     copied = fx.GraphModule(gm, new, class_name=type(gm).__name__)
     copied.meta = copy.copy(gm.meta)
-    return copied, {name: val_map[n] for name, n in nodes.items()}
+    return copied, {old.name: n for old, n in val_map.items()}
+
+
+def _copy(gm: fx.GraphModule, nodes: dict[str, fx.Node]) -> tuple[fx.GraphModule, dict[str, fx.Node]]:
+    """A copy of ``gm`` and the extraction's op-name -> node map into it."""
+    copied, by_name = copy_graph_module(gm)
+    return copied, {name: by_name[n.name] for name, n in nodes.items()}
 
 
 def _reorder(graph: fx.Graph, ordered_ops: list[fx.Node]) -> None:

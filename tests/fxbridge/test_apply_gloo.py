@@ -14,18 +14,15 @@ machine: ~45 s for both world sizes with a cold Inductor cache, ~25 s warm.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
-import time
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import gloo_graphs
+from gloo_runner import free_port, run_ranks
 
 TIMEOUT_S = 240  # a hung collective fails the test instead of blocking CI
 
@@ -33,31 +30,10 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="torch.distributed with gloo is needed")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(world: int, inductor: bool, out_dir: Path) -> list[dict]:
-    """Start ``world`` ranks of :func:`gloo_graphs.run_rank`; kill them all on timeout.
-
-    The ranks fork from one fresh forkserver that imported torch, Inductor and fxsched once (a
-    spawned rank pays ~5-10 s of imports on a loaded 2-core machine). The forkserver has run no
-    torch op, so forking it is safe, unlike forking pytest's own process.
-    """
-    mp.get_context("forkserver").set_forkserver_preload(
-        ["gloo_graphs", "fxsched.fxbridge.apply", "torch._inductor.compile_fx"])
-    ctx = mp.start_processes(gloo_graphs.run_rank, args=(world, _free_port(), inductor, str(out_dir)),
-                             nprocs=world, join=False, start_method="forkserver")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1.0):  # raises ProcessRaisedException when a rank raised
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"gloo ranks did not finish in {TIMEOUT_S} s (hang?)")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+    """Run :func:`gloo_graphs.run_rank` on ``world`` ranks (see :mod:`gloo_runner`)."""
+    return run_ranks(gloo_graphs.run_rank, world, (world, free_port(), inductor, str(out_dir)), out_dir,
+                     ["gloo_graphs", "fxsched.fxbridge.apply", "torch._inductor.compile_fx"], TIMEOUT_S)
 
 
 INDUCTOR = bool(shutil.which(os.environ.get("CXX", "g++")) or shutil.which("g++"))  # Inductor CPU needs C++

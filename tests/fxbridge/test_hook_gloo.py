@@ -18,18 +18,15 @@ Without a C++ compiler the test is skipped (Inductor on CPU needs one). Measured
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
-import time
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import hook_helpers
+from gloo_runner import free_port, run_ranks
 
 TIMEOUT_S = 180  # a hung collective fails the test instead of blocking CI
 WORLD = 2
@@ -42,27 +39,10 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(out_dir: Path) -> list[dict]:
-    """Start the ranks from a forkserver that imported torch, Inductor and fxsched once (as in
-    ``test_apply_gloo.py``); kill them all on timeout."""
-    mp.get_context("forkserver").set_forkserver_preload(
-        ["hook_helpers", "fxsched.fxbridge.hook", "torch._inductor.compile_fx"])
-    ctx = mp.start_processes(hook_helpers.run_compile_rank, args=(WORLD, _free_port(), str(out_dir)),
-                             nprocs=WORLD, join=False, start_method="forkserver")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1.0):  # raises ProcessRaisedException when a rank raised
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"gloo ranks did not finish in {TIMEOUT_S} s (hang?)")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    """Run :func:`hook_helpers.run_compile_rank` on the ranks (see :mod:`gloo_runner`)."""
+    return run_ranks(hook_helpers.run_compile_rank, WORLD, (WORLD, free_port(), str(out_dir)), out_dir,
+                     ["hook_helpers", "fxsched.fxbridge.hook", "torch._inductor.compile_fx"], TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
