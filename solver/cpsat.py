@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 class Status(str, Enum):
-    OPTIMAL = "optimal"  # proven optimal over the modelled space
+    OPTIMAL = "optimal"  # proven optimal: by CP-SAT over the modelled space, or meets the structural bound
     FEASIBLE = "feasible"  # a CP-SAT schedule, not proven optimal
     HEURISTIC = "heuristic"  # CP-SAT found nothing better in time: the heuristic's schedule
     INFEASIBLE = "infeasible"  # nothing fits the memory budget; see min_feasible_budget_bytes
@@ -238,7 +238,8 @@ def solve(
                 res.makespan_ns, res.peak_memory_bytes):
             log.info("solve: the heuristic %s (%d ns) beats the CP-SAT schedule (%d ns)", h_name,
                      h_res.makespan_ns, res.makespan_ns)
-            return Result(Status.HEURISTIC, h_res.makespan_ns, min(bound, h_res.makespan_ns),
+            return Result(_proven(Status.HEURISTIC, h_res.makespan_ns, bound), h_res.makespan_ns,
+                          min(bound, h_res.makespan_ns),
                           time.perf_counter() - t0, h_sched, f"heuristic:{h_name}", h_res.peak_memory_bytes,
                           budget, model_obj, exact=exact, stats=stats)
         return Result(cp_status, res.makespan_ns, min(bound, res.makespan_ns), time.perf_counter() - t0, sched,
@@ -249,8 +250,14 @@ def solve(
                            proven=status == cp_model.INFEASIBLE)
     log.warning("solve: CP-SAT found no schedule in %.1fs (%s); returning the heuristic %s",
                 time_budget_s, solver.StatusName(status), h_name)
-    return Result(Status.HEURISTIC, h_res.makespan_ns, floor_ns, time.perf_counter() - t0, h_sched,
+    return Result(_proven(Status.HEURISTIC, h_res.makespan_ns, floor_ns), h_res.makespan_ns,
+                  min(floor_ns, h_res.makespan_ns), time.perf_counter() - t0, h_sched,
                   f"heuristic:{h_name}", h_res.peak_memory_bytes, budget, exact=exact, stats=stats)
+
+
+def _proven(status: Status, objective: int, bound: int) -> Status:
+    """OPTIMAL when the schedule meets a proven bound (whoever found it), else ``status``."""
+    return Status.OPTIMAL if objective <= bound else status
 
 
 def reordered(problem: ScheduleProblem, order: tuple[str, ...]) -> ScheduleProblem:
@@ -341,7 +348,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
             stats["improved"] += 1
             tried.clear()
             log.info("solve %s: round %d: makespan %d ns", problem.name, rnd, res.makespan_ns)
-    st = Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC
+    st = _proven(Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC, best_res.makespan_ns, floor_ns)
     if best_res.peak_memory_bytes > budget:
         st = Status.INFEASIBLE
     return Result(st, best_res.makespan_ns, min(floor_ns, best_res.makespan_ns), time.perf_counter() - t0, best,
