@@ -12,8 +12,10 @@ config), never below :func:`bounds.makespan_lower_bound` (valid for every schedu
 Determinism (every rank must apply the same schedule): with ``deterministic=True`` (default)
 the search is limited by ``max_deterministic_time`` only, with a fixed seed and worker count
 (``interleave_search`` when workers > 1), so identical inputs give identical schedules. The
-budget is then in CP-SAT's deterministic time units, which can take several times longer in
-wall-clock time on a loaded machine; ``deterministic=False`` uses a wall-clock limit instead.
+budget is then converted to CP-SAT's deterministic time units at ``deterministic_rate`` units
+per second (0.25: on the 2-core machines we measure on, one unit of a large model took 3-6 s
+of wall time), so a budget of seconds stays roughly seconds there, and the same on every rank;
+faster machines finish sooner. ``deterministic=False`` uses a wall-clock limit instead.
 
 Link contention (``problem.link_contention > 0``) is not modelled: the model plans without it
 and the simulator scores the result with it; ``Result.exact`` is then False.
@@ -77,10 +79,11 @@ class SolveConfig:
     seed: int = 0
     workers: int = 1
     deterministic: bool = True
+    deterministic_rate: float = 0.25  # deterministic time units per second of budget (see module doc)
     minimize_peak: bool = True  # second phase: lowest peak at the best makespan
     peak_phase_fraction: float = 0.2
     max_order_literals: int = 40_000  # above this, neighbourhood rounds around the incumbent
-    lns_rounds: int = 8  # neighbourhood rounds on large graphs (each a window of the incumbent)
+    lns_rounds: int = 8  # deterministic mode: neighbourhood rounds on large graphs (each a window)
     lns_radius: int = 6  # slots a windowed item may move
     lns_window: int = 6  # placements (buckets or lone collectives) freed per round
 
@@ -89,6 +92,8 @@ class SolveConfig:
             raise ValueError(f"SolveConfig.mode must be 'fixed' or 'free', got {self.mode!r}")
         if self.workers < 1:
             raise ValueError("SolveConfig.workers must be >= 1")
+        if self.deterministic_rate <= 0:
+            raise ValueError("SolveConfig.deterministic_rate must be > 0")
         b = self.memory_budget
         if b is not None and (isinstance(b, bool) or b <= 0):
             raise ValueError(f"SolveConfig.memory_budget must be > 0 bytes or a ratio > 0, got {b!r}")
@@ -205,8 +210,6 @@ def solve(
     else:
         frame = build_frame(problem, config.frame_options())
         pairs = order_pairs(frame)
-    if not config.deterministic:  # a wall-clock budget covers the warm start too
-        time_budget_s = max(0.0, time_budget_s - (time.perf_counter() - t0))
     if pairs > config.max_order_literals:
         if config.mode == "free":
             # free order at scale: the warm start deferred independent compute; search in fixed order
@@ -217,6 +220,8 @@ def solve(
             pairs = order_pairs(frame)
         return _neighbourhood_solve(problem, config, budget, (h_name, h_sched, h_res), time_budget_s, t0,
                                     floor_ns, progress, frame, pairs)
+    if not config.deterministic:  # a wall-clock budget covers the warm start too
+        time_budget_s = max(0.0, time_budget_s - (time.perf_counter() - t0))
     builder = ModelBuilder(frame, budget, config.pinned)
     builder.build()
     builder.minimize_makespan()
@@ -293,32 +298,45 @@ def centers_of(problem: ScheduleProblem, frame: Frame, sched: Schedule) -> tuple
 
 
 def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: int, heur: tuple,
-                         time_budget_s: float, t0: float, floor_ns: int,
+                         time_budget_s: float, t0: float, floor_ns: int,  # the whole budget, from t0
                          progress: Callable[[Progress], None] | None, full: Frame, full_pairs: int) -> Result:
     """Large graphs: rounds of CP-SAT over windows of the incumbent (first: the heuristic's).
 
     Each round frees the collectives (lone or bucketed) around the incumbent's most exposed one
     that has not been tried yet: they may move within ``lns_radius`` slots and their buckets may
     be split or merged with the next one (``bucket_moves``); every other bucket is forced as it
-    is and held at its slots. An improved incumbent restarts the list. The model's bound covers
+    is and held at its slots. An improved incumbent restarts the list; when every window has been
+    tried without a gain, windows and radius double. The model's bound covers
     only the window, so the reported bound is the structural one (``bounds.makespan_lower_bound``),
     valid for every schedule.
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
     stats: dict[str, int] = {"full_order_pairs": full_pairs, "rounds": 0, "improved": 0}
-    rounds = max(1, config.lns_rounds)
+    # a round has a fixed cost (model build, presolve, reaching the hint) of a few seconds on large
+    # graphs. Deterministic: lns_rounds, but no more than the budget has MIN_ROUND_S seconds
+    # (decided from the budget, not the clock). Wall clock: rounds until the time or the windows
+    # run out.
+    if config.deterministic:
+        rounds = max(1, min(config.lns_rounds, int(time_budget_s // MIN_ROUND_S)))
+    else:
+        rounds = max(1, len(problem.collectives))
     tried: set[tuple[str, ...]] = set()
+    size, radius = config.lns_window, config.lns_radius
     for rnd in range(rounds):
-        window = _window(problem, full, best, best_res, config.lns_window, tried)
-        if window is None:
-            break
+        window = _window(problem, full, best, best_res, size, tried)
+        if window is None:  # every window tried without a gain: widen them while they can still grow
+            if size >= len(best_res.collectives) and radius >= MAX_RADIUS_FACTOR * config.lns_radius:
+                break
+            size, radius, tried = 2 * size, 2 * radius, set()
+            window = _window(problem, full, best, best_res, size, tried)
+            assert window is not None
         tried.add(window[0])
         centers = centers_of(problem, full, best)
         moves = bucket_moves(problem, Schedule(best.order, tuple(b for b in best.buckets if set(b) & window[1]),
                                                best.multi_dtype), config)
         opts = dataclasses.replace(
-            config.frame_options(), centers=centers, radius=config.lns_radius, bucketing=False,
+            config.frame_options(), centers=centers, radius=radius, bucketing=False,
             plan=tuple(dict.fromkeys((*(b for b in best.buckets if not set(b) & window[1]), *config.plan))),
             extra=moves, frozen=frozenset(c.name for c in problem.collectives if c.name not in window[1]),
             bucketed_only=frozenset(m for b in best.buckets if len(b) >= 4 and set(b) & window[1] for m in b),
@@ -358,6 +376,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
 
 
 MIN_ROUND_S = 4.0
+MAX_RADIUS_FACTOR = 8  # windows stop widening at this multiple of lns_radius
 
 
 def _window(problem: ScheduleProblem, frame: Frame, sched: Schedule, res, size: int,
@@ -410,7 +429,7 @@ def _solver(config: SolveConfig, time_s: float, lns: bool = False) -> cp_model.C
     prm.random_seed = config.seed
     prm.num_workers = config.workers
     if config.deterministic:
-        prm.max_deterministic_time = max(time_s, 0.01)
+        prm.max_deterministic_time = max(time_s * config.deterministic_rate, 0.01)
         # emergency stop only: a run that hits it is no longer reproducible (logged)
         prm.max_time_in_seconds = max(10 * time_s, 30.0)
         if config.workers > 1:
