@@ -330,7 +330,8 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                 break
             size, radius, tried = 2 * size, 2 * radius, set()
             window = _window(problem, full, best, best_res, size, tried)
-            assert window is not None
+            if window is None:  # no collectives at all
+                break
         tried.add(window[0])
         centers = centers_of(problem, full, best)
         moves = bucket_moves(problem, Schedule(best.order, tuple(b for b in best.buckets if set(b) & window[1]),

@@ -170,6 +170,16 @@ def test_neighbourhood_frame_holds_the_incumbent_exactly() -> None:
         assert simulate(p, decode(b, s)).makespan_ns == simulate(p, inc).makespan_ns
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_large_graph_path_without_collectives(deterministic: bool) -> None:
+    """The neighbourhood path on a graph with no collectives returns its (optimal) order."""
+    from solver_builders import compute, make_problem
+
+    p = make_problem([compute("a", 100, heavy=True), compute("b", 50, deps=["a"], heavy=True)])
+    res = solve(p, 1, SolveConfig(max_order_literals=-1, deterministic=deterministic))
+    assert res.objective == 150 and res.status is Status.OPTIMAL
+
+
 @pytest.mark.parametrize("mode", ["fixed", "free"])
 def test_large_graph_path_is_valid_and_never_worse(mode: str) -> None:
     """Forcing the neighbourhood path (tiny max_order_literals), in both modes: a valid schedule
