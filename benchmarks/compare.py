@@ -41,7 +41,7 @@ from ..solver.cpsat import SolveConfig, solve
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule
 from ..solver.simulator import SimResult, simulate
-from .sections import replace_section
+from .sections import emit, replace_section
 from .inductor_adapter import (
     VARIANTS,
     InductorReport,
@@ -323,10 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                          memory_budget=args.memory_budget)
     text, _ = run(args.graphs, args.budgets, layers=args.layers, parts=args.parts, solve_config=config,
                   profile=args.profile, argv=argv, cross_check=not args.no_cross_check, modes=args.modes)
-    if args.out:
-        write_section(Path(args.out), text)
-    else:
-        print(text)
+    emit(args.out, BEGIN, END, text)
     return 0
 
 

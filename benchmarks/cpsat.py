@@ -17,7 +17,7 @@ from ..fxbridge.extract import extract_problem
 from ..heuristics import HEURISTICS
 from ..solver import simulate
 from ..solver.cpsat import SolveConfig, solve
-from .sections import replace_section
+from .sections import emit
 from .zoo import ZOO, build
 
 BEGIN, END = "<!-- cpsat:begin -->", "<!-- cpsat:end -->"
@@ -74,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     text = run(args.graphs, args.budgets, args.workers, args.modes, args.wall_clock)
-    if not args.out:
-        print(text)
-        return 0
-    replace_section(args.out, BEGIN, END, text)
+    emit(args.out, BEGIN, END, text)
     return 0
 
 

@@ -28,7 +28,7 @@ from ..fxbridge.extract import extract_problem
 from ..heuristics import HEURISTICS
 from ..solver import simulate
 from ..solver.cpsat import SolveConfig, solve
-from .sections import replace_section
+from .sections import emit
 from .inductor_adapter import VARIANTS, run_inductor
 from .zoo import ZOO
 from .zoo.tracing import build_graphs
@@ -170,10 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, argv_s)
     if args.plot:
         plot(rows, Path(args.plot))
-    if not args.out:
-        print(text)
-        return 0
-    replace_section(args.out, BEGIN, END, text)
+    emit(args.out, BEGIN, END, text)
     return 0
 
 

@@ -15,3 +15,11 @@ def replace_section(path: str | Path, begin: str, end: str, text: str) -> None:
     else:
         new = (old.rstrip() + "\n\n" if old.strip() else "") + text + "\n"
     path.write_text(new)
+
+
+def emit(out: str | Path | None, begin: str, end: str, text: str) -> None:
+    """A benchmark's output: its section of ``out`` when given, else stdout (the CLI's print)."""
+    if out:
+        replace_section(out, begin, end, text)
+    else:
+        print(text)

@@ -49,7 +49,7 @@ from .extract import META_KEY, Extraction
 log = logging.getLogger(__name__)
 
 __all__ = ["AppliedBucket", "ApplyError", "ScheduleError", "UnsupportedBucketError", "apply_schedule",
-           "copy_graph_module"]
+           "copy_graph_into", "copy_graph_module"]
 
 
 class ApplyError(ValueError):
@@ -180,26 +180,32 @@ def _resolve_nodes(extraction: Extraction) -> dict[str, fx.Node]:
     return nodes
 
 
-def copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[str, fx.Node]]:
-    """A structural copy of ``gm`` (fresh nodes with the same names, meta dicts shallow-copied and
-    our meta entry copied, FakeTensors shared) and the name -> new node map.
+def copy_graph_into(dst: fx.Graph, src: fx.Graph) -> dict[fx.Node, fx.Node]:
+    """Copy every node of ``src``, the output too, into the empty ``dst`` (same names; meta dicts
+    shallow-copied, our meta entry copied; FakeTensors shared) and its codegen; old -> new nodes.
 
-    As ``fx.Graph.__deepcopy__``, but keeping the old-to-new node map (its ``memo`` cannot be an
-    empty dict we own).
+    As ``fx.Graph.__deepcopy__``, but keeping the node map (its ``memo`` cannot be an empty dict
+    we own) and into a graph we choose.
     """
-    graph = gm.graph
-    new = fx.Graph(tracer_cls=graph._tracer_cls)
     val_map: dict[fx.Node, fx.Node] = {}
-    out = new.graph_copy(graph, val_map, return_output_node=True)  # type: ignore[arg-type]
-    new._codegen = copy.deepcopy(graph._codegen)
+    out = dst.graph_copy(src, val_map, return_output_node=True)  # type: ignore[arg-type]
+    dst._codegen = copy.deepcopy(src._codegen)
     if out is not None:
         out_val, old_out = out  # type: ignore[misc]
         assert isinstance(old_out, fx.Node)
-        new_out = new.output(out_val, type_expr=getattr(old_out, "type", None))
+        new_out = dst.output(out_val, type_expr=getattr(old_out, "type", None))
         new_out.meta = copy.copy(old_out.meta)
+        val_map[old_out] = new_out
     for node in val_map.values():
-        if META_KEY in node.meta:
+        if isinstance(node.meta.get(META_KEY), dict):
             node.meta[META_KEY] = dict(node.meta[META_KEY])
+    return val_map
+
+
+def copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[str, fx.Node]]:
+    """A structural copy of ``gm`` (see :func:`copy_graph_into`) and the name -> new node map."""
+    new = fx.Graph(tracer_cls=gm.graph._tracer_cls)
+    val_map = copy_graph_into(new, gm.graph)
     copied = fx.GraphModule(gm, new, class_name=type(gm).__name__)
     copied.meta = copy.copy(gm.meta)
     return copied, {old.name: n for old, n in val_map.items()}

@@ -60,7 +60,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from ..solver.cpsat import Result, SolveConfig, Status, solve
 from ..solver.fingerprint import canonical_json
 from ..solver.schedule import Schedule
-from .apply import apply_schedule
+from .apply import apply_schedule, copy_graph_into
 from .cache import CacheError, ScheduleCache, SolveInfo, graph_fingerprint, profile_settings
 from .costs import collective_kind
 from .extract import META_KEY, Extraction, extract_problem
@@ -405,24 +405,10 @@ class _Snapshot:
     in-place rewrite (same node names, targets, args and meta; new Node objects)."""
 
     def __init__(self, gm: fx.GraphModule):
-        graph = gm.graph
-        self.graph = fx.Graph(tracer_cls=graph._tracer_cls)
-        val_map: dict[fx.Node, fx.Node] = {}
-        out = self.graph.graph_copy(graph, val_map, return_output_node=True)  # type: ignore[arg-type]
-        self._copy_output(self.graph, out)
-        self.graph._codegen = copy.deepcopy(graph._codegen)
-        for node in self.graph.nodes:
-            if isinstance(node.meta.get(META_KEY), dict):
-                node.meta[META_KEY] = dict(node.meta[META_KEY])
+        self.graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
+        copy_graph_into(self.graph, gm.graph)
         self.modules = set(gm._modules)
         self.meta = copy.copy(gm.meta)
-
-    @staticmethod
-    def _copy_output(into: fx.Graph, out: Any) -> None:
-        if out is not None:
-            value, old = out
-            new = into.output(value, type_expr=getattr(old, "type", None))
-            new.meta = copy.copy(old.meta)
 
     def restore(self, gm: fx.GraphModule) -> None:
         from torch.fx.graph import _Namespace
@@ -434,10 +420,7 @@ class _Snapshot:
         for node in reversed(nodes):
             graph.erase_node(node)
         graph._graph_namespace = _Namespace()  # erased names stay reserved otherwise
-        val_map: dict[fx.Node, fx.Node] = {}
-        out = graph.graph_copy(self.graph, val_map, return_output_node=True)  # type: ignore[arg-type]
-        self._copy_output(graph, out)
-        graph._codegen = copy.deepcopy(self.graph._codegen)
+        copy_graph_into(graph, self.graph)
         for name in set(gm._modules) - self.modules:  # e.g. control_deps subgraphs
             delattr(gm, name)
         gm.meta.clear()

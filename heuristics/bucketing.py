@@ -41,7 +41,7 @@ DEFAULT_OVERLAP = OverlapConfig()
 Bucket = tuple[str, ...]
 
 
-def _bits(mask: int) -> Iterable[int]:
+def bit_indices(mask: int) -> Iterable[int]:
     """Indices of the set bits of ``mask``, lowest first."""
     while mask:
         low = mask & -mask
@@ -100,7 +100,7 @@ class BucketFeasibility:
         bucket graph acyclic, given the buckets registered so far (rule 4)."""
         succ, node = self.succ, self.node
         frontier = 0
-        for i in _bits(merged):
+        for i in bit_indices(merged):
             frontier |= succ[i]
         reach = 0
         while frontier:
@@ -108,7 +108,7 @@ class BucketFeasibility:
                 return False
             reach |= frontier
             new = 0
-            for j in _bits(frontier):
+            for j in bit_indices(frontier):
                 new |= node[j] | succ[j]
             frontier = new & ~reach
         return True
@@ -129,7 +129,7 @@ class BucketFeasibility:
         merged = 0
         for m in members:
             merged |= self.node[self.num[m]]
-        for i in _bits(merged):
+        for i in bit_indices(merged):
             self.node[i] = merged
 
 

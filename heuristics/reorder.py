@@ -27,6 +27,7 @@ import time
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
 from ..solver.simulator import SimResult, simulate
+from .bucketing import bit_indices
 from .overlap import original_peak
 
 log = logging.getLogger(__name__)
@@ -77,19 +78,11 @@ def _private_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, i
         o = problem.ops[i]
         if o.kind is not OpKind.COLLECTIVE or anc >> i & 1:
             continue
-        seeds = {n for j in _bits(problem.ancestors[i] & ~anc) if (n := problem.ops[j].name) in before
+        seeds = {n for j in bit_indices(problem.ancestors[i] & ~anc) if (n := problem.ops[j].name) in before
                  and problem.ops[j].kind is OpKind.COMPUTE}
         if seeds and sum(problem.ops[problem.index[s]].runtime_ns for s in seeds) > o.runtime_ns:
             out.append(seeds | {op})
     return out
-
-
-def _bits(mask: int):
-    """Indices of the set bits of ``mask``, lowest first."""
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
 
 
 def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
@@ -97,7 +90,8 @@ def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_by
     """Improve ``schedule`` by deferring independent compute past exposed collectives (see module doc).
 
     Exposed collectives are visited last-wait first; for each, suffixes of the non-ancestor ops
-    before its issue are tried, holding about 1, 1.5, 2, ... times its exposed time of compute.
+    before its issue are tried, holding about 1, 1.5, 2, ... times its exposed time of compute,
+    and so are the latest earlier collectives together with their own non-ancestor compute.
     Each accepted move re-simulates; at most ``max_moves`` moves are kept. ``deadline`` (a
     ``time.perf_counter()`` value; None: none, the deterministic default) stops the search early.
     """
@@ -124,8 +118,9 @@ def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_by
 
 def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, runtime: dict[str, int],
                budget: int, tries: int) -> tuple[Schedule, SimResult] | None:
-    """The best deferral for timing ``t``: suffixes of growing compute, and unions of the private
-    compute of the best-netting earlier collectives (their compute minus their own comm time)."""
+    """The best deferral for timing ``t``: suffixes of growing non-ancestor compute before its
+    issue, and growing unions of the latest earlier collectives with their non-ancestor compute
+    (see :func:`_private_seeds`)."""
     anc = 0
     for m in t.members:
         anc |= problem.ancestors[problem.index[m]] | (1 << problem.index[m])

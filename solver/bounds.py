@@ -30,11 +30,14 @@ class ExposedBound:
     limiting: str  # the collective or group that gives the bound
 
 
-def _bit_sum(bits: int, weights: np.ndarray) -> int:
-    n = len(weights)
+def _mask(bits: int, n: int) -> np.ndarray:
+    """The int bitset ``bits`` over ``n`` ops as a boolean array."""
     raw = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
-    mask = np.unpackbits(raw, bitorder="little")[:n].astype(bool)
-    return int(weights[mask].sum())
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+
+
+def _bit_sum(bits: int, weights: np.ndarray) -> int:
+    return int(weights[_mask(bits, len(weights))].sum())
 
 
 def exposed_lower_bound(problem: ScheduleProblem) -> ExposedBound:
@@ -116,7 +119,7 @@ def _eval_pl(hull: list[tuple[float, float]], x: np.ndarray) -> np.ndarray:
     return np.maximum(y, ys.min())
 
 
-def _concave_minorant(problem: ScheduleProblem, curve, members: list) -> tuple[float, list[tuple[float, float]]] | None:
+def _concave_minorant(curve, members: list) -> tuple[float, list[tuple[float, float]]] | None:
     """``(lam, lines)`` with ``g(x) = lam * min(a + b x)`` concave, non-decreasing, ``g(0) >= 0``, below the
     bucket curve everywhere and below every lone runtime; None when the curve does not allow one.
 
@@ -152,7 +155,7 @@ def _comm_lb_fn(problem: ScheduleProblem, group: str, kind, members: list):
         (x0, y0), (x1, y1) = curve.points[-2], curve.points[-1]
         far = max(total * 2, x1 * 2.0)
         pts.append((far, max(0.0, y1 + (y1 - y0) * (far - x1) / (x1 - x0))))
-        conc = _concave_minorant(problem, curve, members)
+        conc = _concave_minorant(curve, members)
     hull = _convex_minorant(pts)
 
     def lb(count: int, size_bytes: float) -> float:
@@ -178,21 +181,24 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
     curve and the lone runtimes, k buckets of total size B cost at least ``k g(B/k)`` (Jensen),
     minimized over k. ``S`` ranges over every (head threshold, tail threshold) pair. A bucket
     that mixes members in and out of ``S`` still costs at least ``g`` of its ``S`` bytes, since
-    ``g`` is non-decreasing. Together with the total compute this is the bound.
+    ``g`` is non-decreasing (a concave minorant serves too: see :func:`_comm_lb_fn`). With the
+    total compute and the chain bound (:func:`_chain_bound`) this is the bound.
     """
     weights = np.array([op.runtime_ns if op.kind in (OpKind.COMPUTE, OpKind.ZERO) else 0 for op in problem.ops],
                        dtype=np.int64)
     total = int(weights.sum())
     best, limiting = total, "compute"
+    n = len(weights)
+    anc = {c.name: _mask(problem.ancestors[problem.index[c.name]], n) for c in problem.collectives}
+    desc = {c.name: _mask(problem.descendants[problem.index[c.name]], n) for c in problem.collectives}
     rt_min: dict[str, int] = {}  # per collective: the least it can take, alone or in any bucket
     by_group: dict[str, list] = {}
     for c in problem.collectives:
         by_group.setdefault(c.collective.group, []).append(c)  # type: ignore[union-attr]
     for g, cols in by_group.items():
         kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
-        heads = np.array([_bit_sum(problem.ancestors[problem.index[c.name]], weights) for c in cols], dtype=np.int64)
-        tails = np.array([_bit_sum(problem.descendants[problem.index[c.name]], weights) for c in cols],
-                         dtype=np.int64)
+        heads = np.array([weights[anc[c.name]].sum() for c in cols], dtype=np.int64)
+        tails = np.array([weights[desc[c.name]].sum() for c in cols], dtype=np.int64)
         size = np.array([c.collective.size_bytes for c in cols], dtype=float)  # type: ignore[union-attr]
         kind_masks = [np.array([c.collective.kind == k for c in cols]) for k in kinds]  # type: ignore[union-attr]
         lbs = [_comm_lb_fn(problem, g, k, [c for c, m in zip(cols, km) if m]) for k, km in zip(kinds, kind_masks)]
@@ -212,19 +218,14 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
                 lb = int(heads[s].min()) + int(tails[s].min()) + int(np.floor(comm))
                 if lb > best:
                     best, limiting = lb, f"group {g}: {int(s.sum())} collectives after {int(heads[s].min())} ns"
-    chain, last = _chain_bound(problem, weights, rt_min)
+    chain, last = _chain_bound(problem, weights, anc, desc, rt_min)
     if chain > best:
         best, limiting = chain, f"chain of collectives ending at {last}"
     return MakespanBound(best, total, limiting)
 
 
-def _mask(bits: int, n: int) -> np.ndarray:
-    raw = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
-    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
-
-
-def _chain_bound(problem: ScheduleProblem, weights: np.ndarray, rt_min: dict[str, int],
-                 max_preds: int = 16) -> tuple[int, str]:
+def _chain_bound(problem: ScheduleProblem, weights: np.ndarray, anc: dict[str, np.ndarray],
+                 desc: dict[str, np.ndarray], rt_min: dict[str, int], max_preds: int = 16) -> tuple[int, str]:
     """Longest chain of dependent collectives (tensor parallelism's critical path).
 
     For collectives ``c1 -> c2 -> ... -> ck``, each depending on the previous, the compute sets
@@ -234,20 +235,16 @@ def _chain_bound(problem: ScheduleProblem, weights: np.ndarray, rt_min: dict[str
     back at its ``max_preds`` latest ancestor collectives (fewer terms in a max: still a bound).
     """
     cols = problem.collectives
-    n = len(weights)
-    anc = [_mask(problem.ancestors[problem.index[c.name]], n) for c in cols]
-    desc = [_mask(problem.descendants[problem.index[c.name]], n) for c in cols]
-    anc_w = [int(weights[a].sum()) for a in anc]
     best_end: list[int] = []
     out, out_name = 0, ""
     for j, c in enumerate(cols):
         bits = problem.ancestors[problem.index[c.name]]
         preds = [i for i in range(j - 1, -1, -1) if bits >> problem.index[cols[i].name] & 1][:max_preds]
-        start = anc_w[j]
+        start = int(weights[anc[c.name]].sum())
         for i in preds:
-            start = max(start, best_end[i] + int(weights[desc[i] & anc[j]].sum()))
+            start = max(start, best_end[i] + int(weights[desc[cols[i].name] & anc[c.name]].sum()))
         best_end.append(start + rt_min[c.name])
-        total = best_end[j] + int(weights[desc[j]].sum())
+        total = best_end[j] + int(weights[desc[c.name]].sum())
         if total > out:
             out, out_name = total, c.name
     return out, out_name

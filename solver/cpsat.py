@@ -36,12 +36,12 @@ from ortools.sat.python import cp_model
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
 from ..heuristics.reorder import defer_independent
-from .cpsat_frame import Frame, FrameOptions, build_frame, order_pairs
 from .bounds import makespan_lower_bound
+from .cpsat_frame import Frame, FrameOptions, bucket_size_bytes, build_frame, order_pairs
 from .cpsat_model import ModelBuilder
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule, placements
-from .simulator import simulate
+from .simulator import SimResult, simulate
 
 log = logging.getLogger(__name__)
 
@@ -222,11 +222,12 @@ def solve(
                                     floor_ns, progress, frame, pairs)
     if not config.deterministic:  # a wall-clock budget covers the warm start too
         time_budget_s = max(0.0, time_budget_s - (time.perf_counter() - t0))
+    t_build = time.perf_counter()
     builder = ModelBuilder(frame, budget, config.pinned)
     builder.build()
     builder.minimize_makespan()
     _add_hint(builder, h_sched)
-    stats = _stats(builder, time.perf_counter() - t0)
+    stats = _stats(builder, time.perf_counter() - t_build)
     solver = _solver(config, time_budget_s * (1 - config.peak_phase_fraction if config.minimize_peak else 1))
     status = solver.Solve(builder.model, _Callback(progress, t0))
     exact = not problem.link_contention
@@ -324,12 +325,12 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
     tried: set[tuple[str, ...]] = set()
     size, radius = config.lns_window, config.lns_radius
     for rnd in range(rounds):
-        window = _window(problem, full, best, best_res, size, tried)
+        window = _window(best_res, size, tried)
         if window is None:  # every window tried without a gain: widen them while they can still grow
             if size >= len(best_res.collectives) and radius >= MAX_RADIUS_FACTOR * config.lns_radius:
                 break
             size, radius, tried = 2 * size, 2 * radius, set()
-            window = _window(problem, full, best, best_res, size, tried)
+            window = _window(best_res, size, tried)
             if window is None:  # no collectives at all
                 break
         tried.add(window[0])
@@ -380,10 +381,9 @@ MIN_ROUND_S = 4.0
 MAX_RADIUS_FACTOR = 8  # windows stop widening at this multiple of lns_radius
 
 
-def _window(problem: ScheduleProblem, frame: Frame, sched: Schedule, res, size: int,
-            tried: set[tuple[str, ...]]) -> tuple[tuple[str, ...], set[str]] | None:
-    """The untried most exposed placement of ``sched`` (else the untried one with the least slack)
-    and the collectives of the ``size`` placements nearest it in issue order."""
+def _window(res: SimResult, size: int, tried: set[tuple[str, ...]]) -> tuple[tuple[str, ...], set[str]] | None:
+    """The untried most exposed placement of the simulated schedule ``res`` (else the untried one
+    with the least slack) and the collectives of the ``size`` placements nearest it in issue order."""
     timings = sorted(res.collectives, key=lambda t: t.issue_pos)
     order = sorted(range(len(timings)), key=lambda i: (-timings[i].exposed_ns, timings[i].wait_ns - timings[i].end_ns))
     for i in order:
@@ -413,11 +413,8 @@ def bucket_moves(problem: ScheduleProblem, sched: Schedule, config: SolveConfig)
         by_key.setdefault(key, []).append(b)
     for same in by_key.values():
         for a, b in zip(same, same[1:]):
-            merged = a + b
-            if config.bucket_cap_bytes is None or sum(
-                    max(problem.op_by_name[m].collective.bytes_in, problem.op_by_name[m].collective.bytes_out)  # type: ignore[union-attr]
-                    for m in merged) <= config.bucket_cap_bytes:
-                out.append(merged)
+            if config.bucket_cap_bytes is None or bucket_size_bytes(problem, a + b) <= config.bucket_cap_bytes:
+                out.append(a + b)
     return tuple(dict.fromkeys(out))
 
 

@@ -177,6 +177,12 @@ def _candidates(problem: ScheduleProblem, pl: Placement, opts: FrameOptions) -> 
     return out
 
 
+def bucket_size_bytes(problem: ScheduleProblem, members: tuple[str, ...]) -> int:
+    """The size a bucket cap limits: per member the larger of its input and output."""
+    ops = problem.op_by_name
+    return sum(max(ops[m].collective.bytes_in, ops[m].collective.bytes_out) for m in members)  # type: ignore[union-attr]
+
+
 def _bucket_error(problem: ScheduleProblem, pl: Placement, members: tuple[str, ...],
                   opts: FrameOptions, check_cap: bool = True) -> str:
     """Why ``members`` cannot form a bucket ('' when they can)."""
@@ -191,10 +197,8 @@ def _bucket_error(problem: ScheduleProblem, pl: Placement, members: tuple[str, .
         units = pl.units
         if max(units[m].earliest for m in members) > min(units[m].need for m in members):
             return "no slot where every member's inputs exist before the first member is needed"
-    if check_cap and opts.bucket_cap_bytes is not None:
-        size = sum(max(ops[m].collective.bytes_in, ops[m].collective.bytes_out) for m in members)  # type: ignore[union-attr]
-        if size > opts.bucket_cap_bytes:
-            return "over the size cap"
+    if check_cap and opts.bucket_cap_bytes is not None and bucket_size_bytes(problem, members) > opts.bucket_cap_bytes:
+        return "over the size cap"
     return ""
 
 

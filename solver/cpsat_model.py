@@ -171,7 +171,7 @@ class ModelBuilder:
         for a, b in itertools.chain(itertools.combinations(free, 2), itertools.product(free, frozen)):
             self._order_pair(a, b)
         for a, b in zip(frozen, frozen[1:]):
-            self._precede(a, b, self._presences(a, b))
+            self._precede(a, b, [])
         last_issue: dict[str, Item] = {}
         for it in frozen:
             if it.kind is ItemKind.ISSUE:
@@ -186,24 +186,20 @@ class ModelBuilder:
 
     def _order_pair(self, a: Item, b: Item) -> None:
         m, v, f = self.model, self.v, self.frame
-        if not self._order_free(a, b):
-            if f.mode == "fixed" and (a.index in b.deps or b.index in a.deps):
-                first, second = (a, b) if a.index in b.deps else (b, a)
-                self._precede(first, second, [])
-            elif f.mode == "fixed" and self._same_group_issues(a, b) and not set(a.slots) & set(b.slots):
-                # slots (contiguous runs) order them: the clock follows from the segments
-                # between, the group's FIFO must be stated
-                first, second = (a, b) if max(a.slots) < min(b.slots) else (b, a)
-                self._fifo(first, second, self._presences(a, b))
-            return
-        if a.index in b.deps or b.index in a.deps:
+        free = self._order_free(a, b)
+        if (a.index in b.deps or b.index in a.deps) and (free or f.mode == "fixed"):
             first, second = (a, b) if a.index in b.deps else (b, a)
             self._precede(first, second, [])
-            return
-        lit = m.NewBoolVar(f"b_{a.index}_{b.index}")
-        v.before[(a.index, b.index)] = lit
-        self._precede(a, b, [lit])
-        self._precede(b, a, [lit.Not()])
+        elif free:
+            lit = m.NewBoolVar(f"b_{a.index}_{b.index}")
+            v.before[(a.index, b.index)] = lit
+            self._precede(a, b, [lit])
+            self._precede(b, a, [lit.Not()])
+        elif f.mode == "fixed" and self._same_group_issues(a, b) and not set(a.slots) & set(b.slots):
+            # slots (contiguous runs) order them: the clock follows from the segments between,
+            # the group's FIFO must be stated
+            first, second = (a, b) if max(a.slots) < min(b.slots) else (b, a)
+            self._fifo(first, second, self._presences(a, b))
 
     def _precede(self, a: Item, b: Item, enf: list) -> None:
         """Under ``enf`` (and both present): a runs before b."""

@@ -11,7 +11,6 @@ def test_one_layer_row_table_and_plot(tmp_path: Path) -> None:
     row = scale.measure(1, 1.0, 1, "free", deterministic=True)
     assert row.fx_nodes > 100 and row.collectives > 0
     assert row.compute_ns <= row.bound_ns <= row.cpsat_ns  # the bound holds for every schedule
-    assert row.best_known_ns == min(row.heuristic_ns, row.cpsat_ns) and row.gap_best_known >= 0
     assert row.apply_s > 0 and row.extract_s > 0
     assert row.inductor_s is not None and row.inductor_s > 0  # Inductor's pass ran on the same graph
     text = scale.table([row], "--layers 1")
