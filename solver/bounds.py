@@ -140,10 +140,11 @@ def _concave_minorant(curve, members: list) -> tuple[float, list[tuple[float, fl
 
 
 def _comm_lb_fn(problem: ScheduleProblem, group: str, kind, members: list):
-    """``f(count, bytes)``: a lower bound on running ``count`` collectives of ``bytes`` in total, bucketed
+    """``(f, s)``: ``f(count, bytes)`` is a lower bound on running ``count`` collectives of ``bytes`` in total, bucketed
     any way. Two valid arguments, the larger wins: with a concave minorant ``g`` (subadditive
     since ``g(0) >= 0``) one bucket is cheapest, ``g(bytes)``; with the convex minorant ``h`` of
     the curve and the lone runtimes, k buckets cost at least ``k h(bytes/k)`` (Jensen), min over k.
+    ``s`` is a cost per byte that every bucketing pays at least (:func:`_linear_slope`).
     """
     pts = [(float(op.collective.size_bytes), float(op.runtime_ns)) for op in members]
     curve = problem.curve_by_key.get((group, kind))
@@ -166,7 +167,26 @@ def _comm_lb_fn(problem: ScheduleProblem, group: str, kind, members: list):
             best = max(best, lam * min(a + b * size_bytes for a, b in lines))
         return best
 
-    return lb
+    return lb, _linear_slope(hull, conc)
+
+
+def _linear_slope(hull: list[tuple[float, float]], conc) -> float:
+    """The largest ``s`` with ``cost(any buckets of B bytes in all) >= s * B``.
+
+    Convex minorant ``h`` (``h(0) >= 0``): each bucket of ``x`` bytes costs ``h(x) >= x * min h(x)/x``,
+    and ``h(x)/x`` on a linear piece is monotone, so its minimum is at a knot or the right end's
+    slope. Concave minorant ``lam * min(a + b x)`` with every ``a >= 0``: one bucket is cheapest,
+    and it costs at least ``lam * min(b) * B``.
+    """
+    slopes = [y / x for x, y in hull if x > 0]
+    if len(hull) >= 2:
+        (x0, y0), (x1, y1) = hull[-2], hull[-1]
+        slopes.append((y1 - y0) / (x1 - x0))
+    s = max(0.0, min(slopes)) if slopes else 0.0
+    if conc is not None:
+        lam, lines = conc
+        s = max(s, lam * min(b for _, b in lines))
+    return s
 
 
 def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
@@ -192,6 +212,7 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
     anc = {c.name: _mask(problem.ancestors[problem.index[c.name]], n) for c in problem.collectives}
     desc = {c.name: _mask(problem.descendants[problem.index[c.name]], n) for c in problem.collectives}
     rt_min: dict[str, int] = {}  # per collective: the least it can take, alone or in any bucket
+    per_byte: dict[str, float] = {}  # per collective: a cost per byte every bucketing pays
     by_group: dict[str, list] = {}
     for c in problem.collectives:
         by_group.setdefault(c.collective.group, []).append(c)  # type: ignore[union-attr]
@@ -201,10 +222,12 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
         tails = np.array([weights[desc[c.name]].sum() for c in cols], dtype=np.int64)
         size = np.array([c.collective.size_bytes for c in cols], dtype=float)  # type: ignore[union-attr]
         kind_masks = [np.array([c.collective.kind == k for c in cols]) for k in kinds]  # type: ignore[union-attr]
-        lbs = [_comm_lb_fn(problem, g, k, [c for c, m in zip(cols, km) if m]) for k, km in zip(kinds, kind_masks)]
+        fns = [_comm_lb_fn(problem, g, k, [c for c, m in zip(cols, km) if m]) for k, km in zip(kinds, kind_masks)]
+        lbs = [f for f, _ in fns]
         for c, sz in zip(cols, size):
-            lb_fn = lbs[kinds.index(c.collective.kind)]  # type: ignore[union-attr]
+            lb_fn, slope = fns[kinds.index(c.collective.kind)]  # type: ignore[union-attr]
             rt_min[c.name] = int(np.floor(lb_fn(1, float(sz))))
+            per_byte[c.name] = slope
         for t in np.unique(heads):
             in_t = heads >= t
             for u in np.unique(tails[in_t]):
@@ -221,7 +244,76 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
     chain, last = _chain_bound(problem, weights, anc, desc, rt_min)
     if chain > best:
         best, limiting = chain, f"chain of collectives ending at {last}"
+    for cols in by_group.values():
+        exposed, name = _deferral_bound(problem, cols, weights, anc, desc, rt_min, per_byte, best - total)
+        if total + exposed > best:
+            best, limiting = total + exposed, f"compute deferred past {name}"
     return MakespanBound(best, total, limiting)
+
+
+def _deferral_bound(problem: ScheduleProblem, cols: list, weights: np.ndarray, anc: dict[str, np.ndarray],
+                    desc: dict[str, np.ndarray], rt_min: dict[str, int], per_byte: dict[str, float],
+                    beat_ns: int, max_candidates: int = 48) -> tuple[int, str]:
+    """Compute that does not feed ``c`` may run after ``c`` is issued, but then what it feeds is
+    issued after ``c`` too and queues behind it (DDP's last gradient reduction).
+
+    For a collective ``c`` of a group (alone or in a bucket: that bucket is issued no earlier and
+    takes at least ``rt_min(c)``), split the compute neither before nor after it by dependency,
+    ``N``, into ``D`` (run after the issue) and the rest (run before). With ``K`` = ``rt_min(c)``
+    plus every group collective depending on ``c`` (at its per-byte price), ``T`` the compute
+    depending on ``c`` and ``R(D)`` the per-byte price of the group's collectives that depend on
+    compute in ``D`` (issued after ``c``, so queued behind it), the time after the issue is at
+    least ``max(K + R(D), A(D) + T, rt_min(c) + T)``. So
+    ``exposed >= min over D of max(0, K - T + R(D) - A(D), rt_min(c) - A(D))``.
+
+    Relaxation solved exactly: compute that feeds exactly one group collective ``e`` is bundled
+    with it (taking it into ``D`` takes ``e`` after ``c``); compute feeding none or several is
+    free to go in ``D``. The bundles form a fractional knapsack: those with ``r <= a`` always
+    help, the rest are taken by increasing ``(r - a) / a`` until the two terms meet. Candidates
+    are tried by their best possible value, largest first, at most ``max_candidates`` of them,
+    and only while they can beat ``beat_ns``.
+    """
+    index = problem.index
+    pos = np.array([index[e.name] for e in cols])
+    heavy = np.flatnonzero(weights > 0)  # only ops that take time matter
+    w_heavy = weights[heavy]
+    lin = np.array([per_byte[e.name] * e.collective.size_bytes for e in cols], dtype=float)  # type: ignore[union-attr]
+    # (collective, timed op): the compute each depends on; float64 products of 0/1 and integer ns
+    # are exact below 2**53 and run in BLAS
+    feeds = np.stack([anc[e.name][heavy] for e in cols]).astype(np.float64)
+    cands = []
+    for j, c in enumerate(cols):
+        after = desc[c.name][pos]
+        k = rt_min[c.name] + float(lin[after].sum())
+        t = int(weights[desc[c.name]].sum())
+        cands.append((max(k - t, rt_min[c.name]), j, k, t))
+    cands.sort(key=lambda x: -x[0])
+    best, best_name = 0, ""
+    for ub, j, k, t in cands[:max_candidates]:
+        if ub <= max(best, beat_ns):
+            break
+        c = cols[j]
+        free_ops = ~anc[c.name][heavy] & ~desc[c.name][heavy]
+        others = ~anc[c.name][pos] & ~desc[c.name][pos]
+        others[j] = False
+        once = free_ops & (others.astype(np.float64) @ feeds == 1)  # feeds exactly one of the others
+        a = (feeds @ np.where(once, w_heavy, 0).astype(np.float64))[others]
+        r = lin[others]
+        free = float(w_heavy[free_ops & ~once].sum())
+        good = r <= a
+        u = k - t - free + float((r[good] - a[good]).sum())
+        v = rt_min[c.name] - free - float(a[good].sum())
+        bad = np.flatnonzero(~good & (a > 0))
+        for i in bad[np.argsort((r[bad] - a[bad]) / a[bad], kind="stable")]:
+            if u >= v:
+                break
+            frac = min(1.0, (v - u) / r[i])  # u rises by frac (r - a), v falls by frac a: they meet
+            u += frac * (r[i] - a[i])
+            v -= frac * a[i]
+        value = int(np.floor(max(0.0, u, v)))
+        if value > best:
+            best, best_name = value, c.name
+    return best, best_name
 
 
 def _chain_bound(problem: ScheduleProblem, weights: np.ndarray, anc: dict[str, np.ndarray],
@@ -235,11 +327,11 @@ def _chain_bound(problem: ScheduleProblem, weights: np.ndarray, anc: dict[str, n
     back at its ``max_preds`` latest ancestor collectives (fewer terms in a max: still a bound).
     """
     cols = problem.collectives
+    pos = np.array([problem.index[c.name] for c in cols], dtype=np.int64)
     best_end: list[int] = []
     out, out_name = 0, ""
     for j, c in enumerate(cols):
-        bits = problem.ancestors[problem.index[c.name]]
-        preds = [i for i in range(j - 1, -1, -1) if bits >> problem.index[cols[i].name] & 1][:max_preds]
+        preds = np.flatnonzero(anc[c.name][pos[:j]])[::-1][:max_preds].tolist()
         start = int(weights[anc[c.name]].sum())
         for i in preds:
             start = max(start, best_end[i] + int(weights[desc[cols[i].name] & anc[c.name]].sum()))
