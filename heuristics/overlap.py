@@ -23,6 +23,11 @@ sunk to first use or placed where the collective should have finished, and at mo
 collectives in flight per group (before issuing one more, the oldest is waited: Inductor's
 "place the oldest wait" rule) — and keeps the best makespan whose peak memory fits the budget
 (default: the original order's peak). The original order is the last rung.
+
+A rung that exceeds the budget at a few positions is not lost: with ``repair_memory`` (default
+on), the fastest over-budget rungs that would beat the best fitting one are repaired collective
+by collective (:func:`.memory_repair.repair_memory`: waits pulled earlier, issues pulled later,
+toward the original placement) and kept when they then fit and are faster.
 """
 
 from __future__ import annotations
@@ -34,12 +39,17 @@ from dataclasses import dataclass
 
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule, ScheduleError, check_schedule
-from ..solver.simulator import memory_curve, simulate
+from ..solver.simulator import SimResult, memory_curve, simulate
+from .memory_repair import DEFAULT_MAX_SIMULATIONS, MemoryRepair, repair_memory
 from .placement import Placement, assemble
 
 log = logging.getLogger(__name__)
 
 _IN_FLIGHT_LADDER = (None, 8, 4, 2, 1)
+_Best = tuple[tuple[int, int], Schedule] | None  # ((makespan, peak), schedule) of the best so far
+_REPAIR_SIMULATIONS = 2 * DEFAULT_MAX_SIMULATIONS  # per policy, over all the rungs it repairs
+_MIN_REPAIR_SIMULATIONS = 8  # fewer left: no more repairs
+_MAX_REPAIRS = 3  # rungs repaired per policy, fastest first
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,7 @@ class OverlapConfig:
     assume_bucketed: bool = False  # a same-key predecessor in the FIFO saves this one's latency
     move_chains: bool = True
     memory_budget_bytes: int | None = None  # None: the original order's peak
+    repair_memory: bool = True  # repair over-budget rungs collective by collective
 
     def __post_init__(self) -> None:
         if self.policy not in ("auto", "just_in_time", "early", "keep"):
@@ -95,28 +106,22 @@ def overlap_schedule(
     res0 = simulate(problem, original)
     budget = config.memory_budget_bytes if config.memory_budget_bytes is not None else res0.peak_memory_bytes
     items = _items(problem, pl, buckets, multi_dtype)
-    best: tuple[tuple[int, int], Schedule] | None = None
+    best: _Best = None
     fallback: tuple[int, Schedule] | None = None
-    seen: set[Schedule] = set()
+    scored: dict[Schedule, SimResult] = {}  # rungs often coincide; score each schedule once
+    seen_all: set[Schedule] = set()
+    repairs: dict[tuple, MemoryRepair | None] = {}
     policies = ("just_in_time", "early", "keep") if config.policy == "auto" else (config.policy,)
-    for policy, on_completion, flush_early in itertools.product(policies, (False, True), (False, True)):
-        for in_flight in _IN_FLIGHT_LADDER:  # most to least aggressive: stop at the first that fits
-            issue, wait, prio, after = _plan(pl, items, config, policy, on_completion, in_flight, flush_early)
-            try:
-                sched = assemble(pl, issue, wait, buckets, multi_dtype, prio, after)
-            except ValueError as e:  # a bucket the cross-group reads push past a member's need
-                log.debug("overlap_schedule: rung %s skipped: %s", (policy, on_completion, flush_early, in_flight), e)
-                continue
-            if sched in seen:  # rungs often coincide; score each schedule once
-                continue
-            seen.add(sched)
-            res = simulate(problem, sched, check=False)  # the one returned is checked below
-            if res.peak_memory_bytes <= budget:
-                if best is None or (res.makespan_ns, res.peak_memory_bytes) < best[0]:
-                    best = ((res.makespan_ns, res.peak_memory_bytes), sched)
-                break
-            if fallback is None or res.peak_memory_bytes < fallback[0]:
-                fallback = (res.peak_memory_bytes, sched)
+    for policy in policies:
+        best_p, shared, over, low = _ladder(problem, pl, items, config, policy, buckets, multi_dtype, budget,
+                                            scored, seen_all)
+        if config.repair_memory and over:
+            best_p = _repair(pl, over, buckets, multi_dtype, budget, best_p, res0, repairs)
+        for cand in (shared, best_p):
+            if cand is not None and (best is None or cand[0] < best[0]):
+                best = cand
+        if low is not None and (fallback is None or low[0] < fallback[0]):
+            fallback = low
     if best is None and fallback is None:
         log.warning("overlap_schedule: no rung could place the %d buckets; scheduling without them", len(buckets))
         return overlap_schedule(problem, (), config=config, placement=pl)
@@ -131,6 +136,121 @@ def overlap_schedule(
     log.warning("overlap_schedule: memory budget %d bytes is below every schedule tried; "
                 "returning the one with the lowest peak", budget)
     return original if res0.peak_memory_bytes <= fallback[0] else _checked(problem, fallback[1])
+
+
+def _ladder(
+    problem: ScheduleProblem, pl: Placement, items: list[_Item], config: OverlapConfig, policy: str,
+    buckets: Sequence[Sequence[str]], multi_dtype: bool, budget: int,
+    scored: dict[Schedule, SimResult], seen_all: set[Schedule],
+) -> tuple[_Best, _Best, list[_Rung], tuple[int, Schedule] | None]:
+    """Walk ``policy``'s ladders: (best fitting rung, best fitting rung as "auto" walks it, the
+    over-budget rungs to repair, the over-budget rung with the lowest peak).
+
+    Each (completion, flush) ladder goes from the most to the least in-flight collectives and
+    stops at its first rung that fits, which is what ``policy`` alone does (the first and third
+    results, so that "auto" repairs exactly what each policy alone would, and is never slower
+    than any). "auto" used to skip the rungs an earlier policy already scored and stop at the
+    first new rung that fits; the second result keeps that walk, so it is never slower than it
+    was either. ``scored`` and ``seen_all`` are shared between policies.
+    """
+    best: _Best = None
+    shared: _Best = None
+    over: list[_Rung] = []
+    low: tuple[int, Schedule] | None = None
+    seen: set[Schedule] = set()
+    for on_completion, flush_early in itertools.product((False, True), (False, True)):
+        alone_done = shared_done = False
+        for in_flight in _IN_FLIGHT_LADDER:
+            issue, wait, prio, after = _plan(pl, items, config, policy, on_completion, in_flight, flush_early)
+            try:
+                sched = assemble(pl, issue, wait, buckets, multi_dtype, prio, after)
+            except ValueError as e:  # a bucket the cross-group reads push past a member's need
+                log.debug("overlap_schedule: rung %s skipped: %s", (policy, on_completion, flush_early, in_flight), e)
+                continue
+            if sched in seen:
+                continue
+            seen.add(sched)
+            new = sched not in seen_all
+            seen_all.add(sched)
+            if sched not in scored:
+                scored[sched] = simulate(problem, sched, check=False)  # the one returned is checked later
+            res = scored[sched]
+            key = (res.makespan_ns, res.peak_memory_bytes)
+            fits = res.peak_memory_bytes <= budget
+            if not fits and (low is None or res.peak_memory_bytes < low[0]):
+                low = (res.peak_memory_bytes, sched)
+            if not alone_done:
+                if fits:
+                    alone_done = True
+                    if best is None or key < best[0]:
+                        best = (key, sched)
+                else:
+                    excess = sum(m - budget for m in res.memory_curve if m > budget)
+                    over.append(_Rung(res.makespan_ns, excess, issue, wait, prio, after))
+            if new and fits and not shared_done:
+                shared_done = True
+                if shared is None or key < shared[0]:
+                    shared = (key, sched)
+            if alone_done and shared_done:
+                break
+    return best, shared, over, low
+
+
+@dataclass(frozen=True)
+class _Rung:
+    """The slots of a rung whose schedule exceeded the budget (see :func:`_plan`)."""
+
+    makespan_ns: int
+    excess: int  # bytes over the budget summed over positions: the smaller, the easier to repair
+    issue: dict[str, int]
+    wait: dict[str, int]
+    prio: dict[str, int]
+    after: dict[str, tuple[str, ...]]
+
+
+def _repair(
+    pl: Placement, over: list[_Rung], buckets: Sequence[Sequence[str]], multi_dtype: bool, budget: int,
+    best: _Best, res0: SimResult, memo: dict[tuple, MemoryRepair | None],
+) -> _Best:
+    """``best`` improved by repairing one policy's fastest over-budget rungs that are faster
+    than it (or than the original order when nothing fits yet): at most ``_MAX_REPAIRS``
+    rungs and ``_REPAIR_SIMULATIONS`` simulator calls. A repair rarely speeds a rung up, so
+    slower rungs are not tried, nor, once one repair succeeded, rungs no faster and further
+    over the budget than the one repaired, nor any rung once a repair failed (what stopped it,
+    a point no move frees or memory freed too slowly, is most likely shared by the policy's
+    other rungs). ``memo`` holds the repairs done for other policies: a rung repaired again
+    costs what it cost then, so each policy's result is the one it gets alone."""
+    def bar() -> float:
+        if best is not None:
+            return best[0][0]
+        return res0.makespan_ns if res0.peak_memory_bytes <= budget else float("inf")
+
+    repaired_excess: int | None = None
+    sims_left, tries = _REPAIR_SIMULATIONS, 0
+    for rung in sorted(over, key=lambda r: (r.makespan_ns, r.excess)):
+        if rung.makespan_ns >= bar() or sims_left < _MIN_REPAIR_SIMULATIONS or tries == _MAX_REPAIRS:
+            break
+        if repaired_excess is not None and rung.excess > repaired_excess:
+            continue
+        tries += 1
+        cap = min(DEFAULT_MAX_SIMULATIONS, sims_left)
+        slots = (cap, *(tuple(sorted(d.items())) for d in (rung.issue, rung.wait, rung.prio, rung.after)))
+        if slots not in memo:  # "auto" meets the same rung under several policies
+            memo[slots] = repair_memory(pl, rung.issue, rung.wait, budget, buckets, multi_dtype, rung.prio,
+                                        rung.after, max_simulations=cap)
+        fixed = memo[slots]
+        if fixed is None:
+            continue
+        sims_left -= fixed.simulations
+        if not fixed.fits:
+            break
+        repaired_excess = rung.excess
+        key = (fixed.result.makespan_ns, fixed.result.peak_memory_bytes)
+        log.debug("overlap_schedule: repaired a rung: makespan %d -> %d ns, peak %d <= %d",
+                  rung.makespan_ns, key[0], key[1], budget)
+        if best is None or key < best[0]:
+            best = (key, fixed.schedule)
+    return best
 
 
 def _checked(problem: ScheduleProblem, schedule: Schedule) -> Schedule:

@@ -26,7 +26,7 @@ import time
 
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
-from ..solver.simulator import SimResult, simulate
+from ..solver.simulator import SimResult, makespan_ns, simulate
 from .bucketing import bit_indices
 from .overlap import original_peak
 
@@ -141,16 +141,17 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, run
     for seeds in _private_seeds(problem, order, anc, t.issue_pos, tries):
         union = union | seeds
         seed_sets.append(union)
-    found = None
     pos = {op: i for i, op in enumerate(order)}
     bucketed = frozenset(m for b in sched.buckets for m in b)
-    for seeds in seed_sets:
-        if not seeds:
-            continue
-        cand = _deferred(problem, sched, pos, bucketed, t.issue_pos, seeds)
-        if cand is None:
-            continue
+    ranked: list[tuple[int, int, Schedule]] = []
+    for k, seeds in enumerate(seed_sets):
+        cand = _deferred(problem, sched, pos, bucketed, t.issue_pos, seeds) if seeds else None
+        if cand is not None:
+            ms = makespan_ns(problem, cand)
+            if ms < res.makespan_ns:
+                ranked.append((ms, k, cand))
+    for _, _, cand in sorted(ranked, key=lambda x: x[:2]):  # the fastest that fits the memory budget
         r = simulate(problem, cand)
-        if r.peak_memory_bytes <= budget and r.makespan_ns < (found[1].makespan_ns if found else res.makespan_ns):
-            found = (cand, r)
-    return found
+        if r.peak_memory_bytes <= budget:
+            return cand, r
+    return None

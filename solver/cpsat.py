@@ -35,7 +35,9 @@ from ortools.sat.python import cp_model
 
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
+from ..heuristics.fill import fill_stalls
 from ..heuristics.reorder import defer_independent
+from ..heuristics.sink import sink_stalled_waits
 from .bounds import makespan_lower_bound
 from .cpsat_frame import Frame, FrameOptions, bucket_size_bytes, build_frame, order_pairs
 from .cpsat_model import ModelBuilder
@@ -136,14 +138,17 @@ def resolve_budget(problem: ScheduleProblem, budget: float | None) -> int:
 
 WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graphs want larger buckets
 WARM_START_SHARE = 0.6
+DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget
 
 
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
-               deadline: float | None = None) -> tuple[str, Schedule]:
+               deadline: float | None = None, defer_moves: int = 16) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``);
-    in free mode, then with independent compute deferred past exposed collectives. With a
-    ``deadline`` (wall-clock solves only) the tries after the first stop once it has passed."""
+    then stalled waits sunk; in free mode, then stalls filled with ready compute and
+    independent compute deferred past exposed collectives (at most ``defer_moves`` tries).
+    With a ``deadline`` (wall-clock solves only) the tries after the first, and the deferral,
+    stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
     if config.bucketing and not config.plan:
@@ -168,10 +173,16 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
             best = (key, name, sched)
     assert best is not None
     name, sched = best[1], best[2]
-    if config.mode == "free":
-        deferred = defer_independent(problem, sched, budget_bytes=budget_bytes, deadline=deadline)
-        if deferred != sched:
-            name, sched = f"{name}+defer", deferred
+    steps = [("sink", lambda s: sink_stalled_waits(problem, s, budget_bytes=budget_bytes, deadline=deadline))]
+    if config.mode == "free":  # heavy compute may move: fill stalls, defer past exposed issues, fill again
+        steps += [("fill", lambda s: fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)),
+                  ("defer", lambda s: defer_independent(problem, s, budget_bytes=budget_bytes,
+                                                        max_moves=defer_moves, deadline=deadline)),
+                  ("fill", lambda s: fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline))]
+    for step, fn in steps:
+        new = fn(sched)
+        if new != sched:
+            name, sched = f"{name}+{step}", new
     return name, sched
 
 
@@ -200,7 +211,9 @@ def solve(
         log.warning("solve: link contention %.2f is not modelled; the simulator scores it", problem.link_contention)
     # wall-clock solves keep at least 40% of the budget for the search
     deadline = None if config.deterministic else t0 + WARM_START_SHARE * time_budget_s
-    h_name, h_sched = ("hint", hint) if hint is not None else warm_start(problem, budget, config, deadline)
+    # deterministic solves bound the deferral by the budget; wall-clock ones by the deadline
+    moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s)) if config.deterministic else 4096
+    h_name, h_sched = ("hint", hint) if hint is not None else warm_start(problem, budget, config, deadline, moves)
     h_res = simulate(problem, h_sched)
     # a bound valid for every schedule (any order, any buckets): the floor of every reported bound
     floor_ns = makespan_lower_bound(problem).makespan_ns

@@ -118,6 +118,12 @@ def simulate(problem: ScheduleProblem, schedule: Schedule | None = None, *, chec
     )
 
 
+def makespan_ns(problem: ScheduleProblem, schedule: Schedule) -> int:
+    """The makespan :func:`simulate` gives a valid ``schedule``, without the memory curve (cheaper:
+    local searches rank many candidates by makespan and check memory only for the best)."""
+    return _timeline(problem, schedule, placements(problem, schedule))[1]
+
+
 def _timeline(
     problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement]
 ) -> tuple[list[CollectiveTiming], int, int, int]:

@@ -117,12 +117,23 @@ def test_auto_keeps_the_lower_peak_on_equal_makespan() -> None:
 
 
 def test_early_that_does_not_fit_the_default_budget_keeps_the_original() -> None:
-    """policy="early" alone: every rung issues c at slot 0, peak 1110 > budget 1010 (the original
-    peak); the original order fits, so it is returned."""
+    """policy="early" alone, without the memory repair: every rung issues c at slot 0, peak
+    1110 > budget 1010 (the original peak); the original order fits, so it is returned."""
     p = jit_problem()
-    sched, r = run(p, policy="early")
+    sched, r = run(p, policy="early", repair_memory=False)
     assert sched == Schedule.original(p)
     assert r.exposed_ns == 150
+
+
+def test_early_that_does_not_fit_the_default_budget_is_repaired() -> None:
+    """policy="early" with the repair (default): the rung c, A, B, C, w, D is over only at A
+    (10 + 100 + 1000 = 1110). c's buffer G spans A, so the repair issues it at the slot after A
+    (slot 1), its wait staying at slot 3: A, c, B, C, w, D. c 100-250, w at 300 no stall:
+    exposed 0, makespan 400. Memory: A 1010 (G not yet), then T is gone: 110. Peak 1010."""
+    p = jit_problem()
+    sched, r = run(p, policy="early")
+    assert sched.order == ("A", "c", "B", "C", "w", "D")
+    assert (r.exposed_ns, r.makespan_ns, r.peak_memory_bytes) == (0, 400, 1010)
 
 
 @pytest.mark.parametrize(("limit", "slot_op"), [(250, "A"), (0, "C")])
