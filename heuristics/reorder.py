@@ -85,6 +85,19 @@ def _private_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, i
     return out
 
 
+def filler_ops(problem: ScheduleProblem) -> frozenset[str]:
+    """Positive-cost compute that no collective some compute waits for depends on (weight
+    gradients: they feed only gradient reductions and the graph's outputs)."""
+    waited = 0  # ancestors of collectives whose wait feeds positive-cost compute
+    for c in problem.collectives:
+        w = problem.index[problem.wait_of[c.name]]
+        if any(problem.ops[j].kind is OpKind.COMPUTE and problem.ops[j].runtime_ns > 0
+               for j in bit_indices(problem.descendants[w])):
+            waited |= problem.ancestors[problem.index[c.name]]
+    return frozenset(op.name for i, op in enumerate(problem.ops)
+                     if op.kind is OpKind.COMPUTE and op.runtime_ns > 0 and not waited >> i & 1)
+
+
 def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
                       max_moves: int = 16, tries_per_move: int = 12, deadline: float | None = None) -> Schedule:
     """Improve ``schedule`` by deferring independent compute past exposed collectives (see module doc).
@@ -99,6 +112,7 @@ def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_by
     best, res = schedule, simulate(problem, schedule)
     runtime = {op.name: op.runtime_ns if op.kind is OpKind.COMPUTE else 0 for op in problem.ops}
     tried: set[tuple[str, ...]] = set()
+    fillers = filler_ops(problem)
     for _ in range(max_moves):
         if deadline is not None and time.perf_counter() > deadline:
             log.info("defer_independent %s: deadline reached", problem.name)
@@ -108,7 +122,7 @@ def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_by
             break
         t = max(exposed, key=lambda t: t.wait_pos)
         tried.add(t.members)
-        found = _best_move(problem, best, res, t, runtime, budget, tries_per_move)
+        found = _best_move(problem, best, res, t, runtime, budget, tries_per_move, fillers)
         if found is not None:
             best, res = found
             tried.clear()  # the landscape changed: earlier collectives may now be movable
@@ -117,7 +131,7 @@ def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_by
 
 
 def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, runtime: dict[str, int],
-               budget: int, tries: int) -> tuple[Schedule, SimResult] | None:
+               budget: int, tries: int, fillers: frozenset[str]) -> tuple[Schedule, SimResult] | None:
     """The best deferral for timing ``t``: suffixes of growing non-ancestor compute before its
     issue, and growing unions of the latest earlier collectives with their non-ancestor compute
     (see :func:`_private_seeds`)."""
@@ -137,6 +151,23 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, run
             k += 1
         if k == len(targets):
             break
+    acc, k, latest = 0, 0, set()  # the latest fillers alone: moving them delays no waited-for collective
+    single = None
+    for pos in range(t.issue_pos - 1, -1, -1):
+        op = order[pos]
+        if op not in fillers or anc >> problem.index[op] & 1:
+            continue
+        if single is None and runtime[op] >= t.exposed_ns:
+            single = {op}
+        latest.add(op)
+        acc += runtime[op]
+        while k < 3 and acc >= targets[k]:
+            seed_sets.append(set(latest))
+            k += 1
+        if k == 3 and single is not None:
+            break
+    if single is not None:
+        seed_sets.append(single)
     union: set[str] = set()
     for seeds in _private_seeds(problem, order, anc, t.issue_pos, tries):
         union = union | seeds

@@ -83,6 +83,21 @@ def test_bound_is_tight_somewhere() -> None:
     assert sum(makespan_lower_bound(p).exposed_ns > 0 for p in PROBLEMS) >= 5
 
 
+def _last_reduction(z_feeds_e: bool):
+    """x (1000) -> y (100) -> all_reduce c (size 200: 300 ns); z (50) independent, feeding the
+    all_reduce e (size 100: 200 ns) of the same group when ``z_feeds_e``."""
+    ops = [
+        compute("x", 1000, heavy=True),
+        compute("y", 100, deps=["x"]),
+        coll("c", kind=AR, runtime_ns=300, bytes_in=100, bytes_out=100, deps=["y"]),
+        wait("wc", "c"),
+        compute("z", 50, heavy=True),
+    ]
+    if z_feeds_e:
+        ops += [coll("e", kind=AR, runtime_ns=200, bytes_in=50, bytes_out=50, deps=["z"]), wait("we", "e")]
+    return make_problem(ops)
+
+
 def test_deferral_bound_charges_compute_that_feeds_the_same_group() -> None:
     """x (1000) -> y (100) -> c (size 200: 300 ns) and, independent, z (50) -> e (size 100: 200 ns),
     both all_reduces of group A. z can run before c is issued (so c starts at 1150 and ends at
@@ -90,15 +105,7 @@ def test_deferral_bound_charges_compute_that_feeds_the_same_group() -> None:
     which is more than z's 50 ns of compute could hide). Either way makespan >= 1450, which
     z, x, y, c, e is. Dependency alone proves 1100 + 300 = 1400; the FIFO pair proves
     50 + 400 = 450."""
-    p = make_problem([
-        compute("x", 1000, heavy=True),
-        compute("y", 100, deps=["x"]),
-        coll("c", kind=AR, runtime_ns=300, bytes_in=100, bytes_out=100, deps=["y"]),
-        wait("wc", "c"),
-        compute("z", 50, heavy=True),
-        coll("e", kind=AR, runtime_ns=200, bytes_in=50, bytes_out=50, deps=["z"]),
-        wait("we", "e"),
-    ])
+    p = _last_reduction(z_feeds_e=True)
     b = makespan_lower_bound(p)
     assert b.makespan_ns == 1450 and b.limiting == "compute deferred past c"
     assert brute_force(p, budget_bytes=NO_BUDGET).best_makespan_ns == 1450
@@ -107,13 +114,7 @@ def test_deferral_bound_charges_compute_that_feeds_the_same_group() -> None:
 def test_deferral_bound_lets_compute_without_collectives_hide_the_last_one() -> None:
     """As above, but z feeds nothing: it can always run under c, so the bound drops to
     x, y, c: 1100 + 300 = 1400, and z, x, y, c, e is no longer forced: x, y, c, z reaches 1400."""
-    p = make_problem([
-        compute("x", 1000, heavy=True),
-        compute("y", 100, deps=["x"]),
-        coll("c", kind=AR, runtime_ns=300, bytes_in=100, bytes_out=100, deps=["y"]),
-        wait("wc", "c"),
-        compute("z", 50, heavy=True),
-    ])
+    p = _last_reduction(z_feeds_e=False)
     assert makespan_lower_bound(p).makespan_ns == 1400
     assert brute_force(p, budget_bytes=NO_BUDGET).best_makespan_ns == 1400
 
