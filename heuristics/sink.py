@@ -55,11 +55,46 @@ def _sunk(problem: ScheduleProblem, sched: Schedule, wait_pos: int) -> Schedule 
     return new
 
 
+def _issued_later(problem: ScheduleProblem, sched: Schedule, blocker_pos: int, after_pos: int) -> Schedule | None:
+    """``sched`` with the collective issued at ``blocker_pos`` issued right after ``after_pos``
+    instead; None when something in between depends on it or a bucket breaks."""
+    order = sched.order
+    bit = 1 << problem.index[order[blocker_pos]]
+    if any(problem.ancestors[problem.index[order[p]]] & bit for p in range(blocker_pos + 1, after_pos + 1)):
+        return None
+    new = Schedule(order=order[:blocker_pos] + order[blocker_pos + 1:after_pos + 1] + (order[blocker_pos],)
+                   + order[after_pos + 1:], buckets=sched.buckets, multi_dtype=sched.multi_dtype)
+    if sched.buckets and check_schedule(problem, new):
+        return None
+    return new
+
+
+def _candidates(problem: ScheduleProblem, sched: Schedule, res: SimResult, later_slots: int = 6):
+    """Moves for each stalled collective, most exposed first: its wait sunk, and the lone
+    collective ahead of it in its group's FIFO (when it made it wait) issued after it, or after
+    one of the next ``later_slots - 1`` of the group (a long gradient reduction is best issued
+    where the group has the most time before its next collective is needed)."""
+    by_group: dict[str, list] = {}
+    for t in res.collectives:  # in issue order
+        by_group.setdefault(t.group, []).append(t)
+    rank = {t.members: (ts, k) for ts in by_group.values() for k, t in enumerate(ts)}
+    for t in sorted((t for t in res.collectives if t.exposed_ns > 0), key=lambda t: -t.exposed_ns):
+        yield lambda t=t: _sunk(problem, sched, t.wait_pos)
+        ts, k = rank[t.members]
+        prev = ts[k - 1] if k else None
+        if t.fifo_delay_ns > 0 and prev is not None and len(prev.members) == 1:
+            # behind this one, or behind one of the next few issued before the blocker's wait
+            for nxt in ts[k:k + later_slots]:
+                if nxt.issue_pos < prev.wait_pos:
+                    yield lambda prev=prev, nxt=nxt: _issued_later(problem, sched, prev.issue_pos, nxt.issue_pos)
+
+
 def sink_stalled_waits(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
                        max_moves: int = 64, deadline: float | None = None) -> Schedule:
-    """Improve ``schedule`` by sinking waits that stall (see module doc), most exposed first.
+    """Improve ``schedule`` by sinking waits that stall (see module doc), most exposed first, and by
+    issuing a lone collective that holds a stalled one up in its group's FIFO after it.
 
-    Each round tries every stalled wait, in order of its stall, and keeps the first move that
+    Each round tries every stalled collective, in order of its stall, and keeps the first move that
     lowers the makespan within the memory budget (default: the original order's peak); at most
     ``max_moves`` moves are kept. ``deadline`` (a ``time.perf_counter()`` value; None: none)
     stops the search early.
@@ -69,11 +104,10 @@ def sink_stalled_waits(problem: ScheduleProblem, schedule: Schedule, *, budget_b
     res: SimResult = simulate(problem, schedule)
     for _ in range(max_moves):
         found = None
-        stalled = sorted((t for t in res.collectives if t.exposed_ns > 0), key=lambda t: -t.exposed_ns)
-        for t in stalled:
+        for move in _candidates(problem, best, res):
             if deadline is not None and time.perf_counter() > deadline:
                 return best
-            cand = _sunk(problem, best, t.wait_pos)
+            cand = move()
             if cand is None or makespan_ns(problem, cand) >= res.makespan_ns:
                 continue
             r = simulate(problem, cand)

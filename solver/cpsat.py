@@ -145,8 +145,9 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``);
-    then stalled waits sunk; in free mode, then stalls filled with ready compute and
-    independent compute deferred past exposed collectives (at most ``defer_moves`` tries).
+    then stalled waits sunk; in free mode, then stalls filled with ready compute,
+    independent compute deferred past exposed collectives (at most ``defer_moves`` tries),
+    stalls filled and waits sunk again.
     With a ``deadline`` (wall-clock solves only) the tries after the first, and the deferral,
     stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
@@ -178,7 +179,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         steps += [("fill", lambda s: fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)),
                   ("defer", lambda s: defer_independent(problem, s, budget_bytes=budget_bytes,
                                                         max_moves=defer_moves, deadline=deadline)),
-                  ("fill", lambda s: fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline))]
+                  ("fill", lambda s: fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)),
+                  ("sink", lambda s: sink_stalled_waits(problem, s, budget_bytes=budget_bytes, deadline=deadline))]
     for step, fn in steps:
         new = fn(sched)
         if new != sched:

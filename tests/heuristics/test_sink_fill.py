@@ -61,3 +61,25 @@ def test_valid_never_worse_within_budget(p) -> None:
         r = simulate(p, out)
         assert r.makespan_ns <= r0.makespan_ns
         assert r.peak_memory_bytes <= max(original_peak(p), r0.peak_memory_bytes)
+
+
+def test_issues_a_long_reduction_after_the_collective_it_holds_up() -> None:
+    """On group A: a (100) -> all_reduce r (size 900: 1000 ns, feeds only the output); b (100)
+    -> all_gather g (size 100: 200 ns) -> wait -> c (1000). In order a, r, b, g, wg, c, wr the
+    gather queues behind r: r 100..1100, g 1100..1300, c 1300..2300. Issuing r after g
+    (a, b, g, r, wg, c, wr): g 200..400, r 400..1400 behind it, c 400..1400: 1400 ns, the
+    chain a, b, g, c, with r hidden under c."""
+    p = make_problem([
+        compute("a", 100, heavy=True),
+        coll("r", "A", AR, runtime_ns=1000, bytes_in=450, bytes_out=450, deps=["a"]),
+        compute("b", 100, heavy=True),
+        coll("g", "A", AG, runtime_ns=200, bytes_in=50, bytes_out=50, deps=["b"]),
+        wait("wg", "g"),
+        compute("c", 1000, deps=["wg"], heavy=True),
+        wait("wr", "r"),
+    ])
+    base = Schedule.original(p)
+    assert simulate(p, base).makespan_ns == 2300
+    out = sink_stalled_waits(p, base)
+    assert out.order == ("a", "b", "g", "r", "wg", "c", "wr")
+    assert simulate(p, out).makespan_ns == 1400
