@@ -9,9 +9,9 @@ nothing after the wait starts later than before and what they feed can only star
 with it, the last op pulled may outlast the stall. The result is valid by construction: an
 op is pulled only when every dependency is already placed.
 
-The walk's clocks are its own estimate (lone collectives and buckets priced as the simulator
-prices them, link contention ignored); each pass is scored by the simulator and kept only if
-the makespan drops and the peak memory stays within the budget. A pass that breaks the budget
+The walk's clocks are its own estimate (bucket copies priced by the simulator's
+``copy_in_ns``/``copy_out_ns``, link contention ignored); each pass is scored by the simulator
+and kept only if the makespan drops and the peak memory stays within the budget. A pass that breaks the budget
 is retried with no fills before the first position over budget. This reorders heavy compute:
 the result is a free-order schedule.
 """
@@ -24,7 +24,7 @@ import time
 
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, placements
-from ..solver.simulator import simulate
+from ..solver.simulator import copy_in_ns, copy_out_ns, simulate
 from .overlap import original_peak
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,6 @@ def _walk(problem: ScheduleProblem, sched: Schedule, no_fill_before: int, window
     """One pass: the new schedule and how many ops were pulled."""
     order = sched.order
     ops = problem.op_by_name
-    costs = problem.bucket_costs
     places = placements(problem, sched)
     issue_at = {p.issue_pos: p for p in places}
     wait_at = {p.wait_pos: p for p in places}
@@ -52,8 +51,7 @@ def _walk(problem: ScheduleProblem, sched: Schedule, no_fill_before: int, window
             t += op.runtime_ns
         elif i in issue_at:  # a bucket is issued at its last member's position
             p = issue_at[i]
-            if len(p.members) > 1:
-                t += costs.copy_ns(sum(ops[m].collective.bytes_in for m in p.members))  # type: ignore[union-attr]
+            t += copy_in_ns(problem, p.members)
             group = op.collective.group  # type: ignore[union-attr]
             start = max(t, group_free.get(group, 0))
             group_free[group] = end_of[p.members] = start + problem.bucket_runtime_ns(p.members)
@@ -74,10 +72,7 @@ def _walk(problem: ScheduleProblem, sched: Schedule, no_fill_before: int, window
                     pulled += 1
                     if stall <= 0:
                         break
-            t += max(0, stall)
-            first = ops[p.members[0]].collective
-            if len(p.members) > 1 and first.kind.bucket_copies_out:  # type: ignore[union-attr]
-                t += costs.copy_ns(sum(ops[m].collective.bytes_out for m in p.members))  # type: ignore[union-attr]
+            t += max(0, stall) + copy_out_ns(problem, p.members)
         emitted.add(name)
         out.append(name)
     return Schedule(order=tuple(out), buckets=sched.buckets, multi_dtype=sched.multi_dtype), pulled

@@ -188,12 +188,9 @@ def _units(pl: Placement, buckets: Sequence[Sequence[str]]) -> list[_Unit]:
     p = pl.problem
     ops, sizes = p.op_by_name, {s.name: (s.size_bytes, s.never_freed) for s in p.storages}
     orig_issue, orig_wait = pl.original_slots
-    bucketed = {m for b in buckets for m in b}
-    groups = [tuple(b) for b in buckets] + [(c,) for c in pl.units if c not in bucketed]
     out = []
-    for members in groups:
-        earliest = max(pl.units[m].earliest for m in members)
-        need = min(pl.units[m].need for m in members)
+    for members in pl.groups(buckets):
+        earliest, need = pl.slot_bounds(members)
         oi = min(max(earliest, *(orig_issue[m] for m in members)), need)
         ow = min(max(oi, min(orig_wait[m] for m in members)), need)
         made = tuple(s for m in members for op in (*pl.units[m].chain, m) for s in ops[op].allocates)

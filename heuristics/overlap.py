@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule, ScheduleError, check_schedule
-from ..solver.simulator import SimResult, memory_curve, simulate
+from ..solver.simulator import SimResult, copy_in_ns, memory_curve, simulate
 from .memory_repair import DEFAULT_MAX_SIMULATIONS, MemoryRepair, repair_memory
 from .placement import Placement, assemble
 
@@ -263,20 +263,16 @@ def _checked(problem: ScheduleProblem, schedule: Schedule) -> Schedule:
 
 def _items(problem: ScheduleProblem, pl: Placement, buckets: Sequence[Sequence[str]], multi_dtype: bool) -> list[_Item]:
     ops = problem.op_by_name
-    bucketed = {m for b in buckets for m in b}
-    groups = [tuple(b) for b in buckets] + [(c.name,) for c in problem.collectives if c.name not in bucketed]
     out = []
-    for members in groups:
+    for members in pl.groups(buckets):
         info = ops[members[0]].collective
         assert info is not None
-        earliest = max(pl.units[m].earliest for m in members)
-        need = min(pl.units[m].need for m in members)
+        earliest, need = pl.slot_bounds(members)
         if earliest > need:
             raise ValueError(f"bucket {members}: a member is needed (slot {need}) before another's "
                              f"inputs exist (slot {earliest}) in fixed-compute-order mode")
-        rt = problem.bucket_runtime_ns(members)
-        if len(members) > 1:  # the copy-in runs on the compute stream right before the issue
-            rt += problem.bucket_costs.copy_ns(sum(ops[m].collective.bytes_in for m in members))  # type: ignore[union-attr]
+        # the copy-in runs on the compute stream right before the issue
+        rt = problem.bucket_runtime_ns(members) + copy_in_ns(problem, members)
         out.append(_Item(members, info.group, info.bucket_key(multi_dtype), earliest, need, rt,
                          min(problem.index[m] for m in members)))
     return out

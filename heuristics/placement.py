@@ -128,6 +128,15 @@ class Placement:
             if c in raised:
                 wait[c] = max(wait[c], issue[c])
 
+    def groups(self, buckets: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+        """Every bucket, then every collective outside one: what moves as one item."""
+        bucketed = {m for b in buckets for m in b}
+        return [tuple(b) for b in buckets] + [(c,) for c in self.units if c not in bucketed]
+
+    def slot_bounds(self, members: Sequence[str]) -> tuple[int, int]:
+        """(earliest, need) of a bucket: after every member's inputs, before any member's need."""
+        return max(self.units[m].earliest for m in members), min(self.units[m].need for m in members)
+
     def slot_at_or_before(self, t: int, lo: int, hi: int) -> int:
         """The last slot in [lo, hi] whose compute clock is <= t (lo if none)."""
         s = bisect.bisect_right(self.clock, t, lo, hi + 1) - 1

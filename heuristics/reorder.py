@@ -133,8 +133,10 @@ def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_by
 def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, runtime: dict[str, int],
                budget: int, tries: int, fillers: frozenset[str]) -> tuple[Schedule, SimResult] | None:
     """The best deferral for timing ``t``: suffixes of growing non-ancestor compute before its
-    issue, and growing unions of the latest earlier collectives with their non-ancestor compute
-    (see :func:`_private_seeds`)."""
+    issue; the latest ``fillers`` alone, growing, and the nearest one that covers the exposure
+    (moving them delays no collective that compute waits for); and growing unions of the latest
+    earlier collectives with their non-ancestor compute (see :func:`_private_seeds`). Candidates
+    are ranked by makespan (no memory curve) and the fastest within ``budget`` is returned."""
     anc = 0
     for m in t.members:
         anc |= problem.ancestors[problem.index[m]] | (1 << problem.index[m])

@@ -1,4 +1,5 @@
-"""Wait sinking: move a stalled wait, with the comm-only ops hanging off it, to where compute needs it.
+"""Wait sinking: move a stalled wait, with the comm-only ops after it, to where compute needs it;
+and issue a collective that holds a stalled one up in its FIFO after it.
 
 Entry point: :func:`sink_stalled_waits`. A list scheduler places a wait before its first
 consumer, but that consumer is sometimes another collective (FSDP's reduce-scatter of a norm
@@ -10,6 +11,11 @@ depends on it, is valid in both compute modes:
 * ops that stay do not depend on a moved one, and moved ops keep their relative order and come
   after everything that stays, so every dependency still points backwards;
 * no positive-cost compute moves, so the heavy-compute order is unchanged (fixed mode holds).
+
+The same pass also reorders a group's FIFO: a lone collective that makes a stalled one wait
+behind it (a long gradient reduction ahead of tensor parallelism's next gather, say) is issued
+after it, or after one of the group's next few collectives issued before its own wait. Nothing
+in between depends on it, so that move is valid in both modes too.
 
 Each move is scored by the simulator and kept only if the makespan drops and the peak memory
 stays within the budget (later waits keep buffers alive longer).

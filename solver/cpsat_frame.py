@@ -29,6 +29,7 @@ from enum import Enum
 
 from ..heuristics.placement import Placement
 from .problem import OpKind, ProblemError, ScheduleProblem
+from .simulator import copy_in_ns, copy_out_ns
 
 
 class ItemKind(str, Enum):
@@ -124,7 +125,6 @@ def build_frame(problem: ScheduleProblem, opts: FrameOptions) -> Frame:
 
 def _candidates(problem: ScheduleProblem, pl: Placement, opts: FrameOptions) -> list[Candidate]:
     ops = problem.op_by_name
-    costs = problem.bucket_costs
     out: list[Candidate] = []
     seen: set[tuple[str, ...]] = set()
 
@@ -139,9 +139,8 @@ def _candidates(problem: ScheduleProblem, pl: Placement, opts: FrameOptions) -> 
         out.append(Candidate(
             index=len(out), members=members, group=first.group,
             runtime_ns=problem.bucket_runtime_ns(members),
-            copy_in_ns=costs.copy_ns(sum(i.bytes_in for i in infos)) if bucket else 0,  # type: ignore[union-attr]
-            copy_out_ns=(costs.copy_ns(sum(i.bytes_out for i in infos))  # type: ignore[union-attr]
-                         if bucket and first.kind.bucket_copies_out else 0),
+            copy_in_ns=copy_in_ns(problem, members),
+            copy_out_ns=copy_out_ns(problem, members),
             copies_out=bucket and first.kind.bucket_copies_out,
         ))
 
@@ -194,8 +193,8 @@ def _bucket_error(problem: ScheduleProblem, pl: Placement, members: tuple[str, .
         if problem.depends_on(a, b) or problem.depends_on(b, a):
             return f"{a!r} and {b!r} depend on each other"
     if opts.mode == "fixed":
-        units = pl.units
-        if max(units[m].earliest for m in members) > min(units[m].need for m in members):
+        earliest, need = pl.slot_bounds(members)
+        if earliest > need:
             return "no slot where every member's inputs exist before the first member is needed"
     if check_cap and opts.bucket_cap_bytes is not None and bucket_size_bytes(problem, members) > opts.bucket_cap_bytes:
         return "over the size cap"

@@ -118,6 +118,22 @@ def simulate(problem: ScheduleProblem, schedule: Schedule | None = None, *, chec
     )
 
 
+def copy_in_ns(problem: ScheduleProblem, members: tuple[str, ...]) -> int:
+    """The compute-stream copy-in a bucket runs right before its issue (0 for a lone collective)."""
+    if len(members) == 1:
+        return 0
+    ops = problem.op_by_name
+    return problem.bucket_costs.copy_ns(sum(ops[m].collective.bytes_in for m in members))  # type: ignore[union-attr]
+
+
+def copy_out_ns(problem: ScheduleProblem, members: tuple[str, ...]) -> int:
+    """The compute-stream copy-out an all_gather/all_to_all bucket runs at its wait (else 0)."""
+    ops = problem.op_by_name
+    if len(members) == 1 or not ops[members[0]].collective.kind.bucket_copies_out:  # type: ignore[union-attr]
+        return 0
+    return problem.bucket_costs.copy_ns(sum(ops[m].collective.bytes_out for m in members))  # type: ignore[union-attr]
+
+
 def makespan_ns(problem: ScheduleProblem, schedule: Schedule) -> int:
     """The makespan :func:`simulate` gives a valid ``schedule``, without the memory curve (cheaper:
     local searches rank many candidates by makespan and check memory only for the best)."""
@@ -128,7 +144,6 @@ def _timeline(
     problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement]
 ) -> tuple[list[CollectiveTiming], int, int, int]:
     ops = problem.op_by_name
-    costs = problem.bucket_costs
     hide = _Hideability(problem)
     issue_at = {p.issue_pos: p for p in places}
     wait_at = {p.wait_pos: p for p in places}
@@ -144,11 +159,9 @@ def _timeline(
             compute += op.runtime_ns
         elif i in issue_at:
             p = issue_at[i]
-            bucketed = len(p.members) > 1
-            if bucketed:
-                copy = costs.copy_ns(sum(ops[m].collective.bytes_in for m in p.members))  # type: ignore[union-attr]
-                t += copy
-                compute += copy
+            copy = copy_in_ns(problem, p.members)
+            t += copy
+            compute += copy
             group = op.collective.group  # type: ignore[union-attr]
             start = max(t, group_free.get(group, 0))
             runtime = problem.bucket_runtime_ns(p.members)
@@ -169,10 +182,9 @@ def _timeline(
             exposed += stall
             first = ops[p.members[0]].collective
             assert first is not None
-            if len(p.members) > 1 and first.kind.bucket_copies_out:
-                copy = costs.copy_ns(sum(ops[m].collective.bytes_out for m in p.members))  # type: ignore[union-attr]
-                t += copy
-                compute += copy
+            copy = copy_out_ns(problem, p.members)
+            t += copy
+            compute += copy
             timings.append(CollectiveTiming(
                 members=p.members, group=first.group, issue_pos=p.issue_pos, wait_pos=p.wait_pos,
                 issue_ns=issue_ns, start_ns=start, end_ns=end, wait_ns=wait_ns, exposed_ns=stall,
