@@ -30,7 +30,7 @@ the graph). One consequence: the compile that *stores* a schedule was keyed on t
 before the store, so the next process misses Inductor's cache once more (our cache hits) and
 later processes hit. With ``spmd="broadcast"`` on several ranks ``uuid()`` is None, which turns
 the FX graph cache off: its hit/miss is decided per rank, and a rank that hits would skip the
-pass and leave the others waiting in its broadcast forever.
+pass and leave the others waiting for it (until ``broadcast_timeout_s``, then all fall back).
 
 SPMD: in the default deterministic mode every rank must see the same graph, config and cache
 contents (e.g. one shared cache directory, or identical copies); then they compute the same
@@ -68,12 +68,11 @@ from .hardware import HardwareProfile, get_profile
 from .spmd import (
     Channel,
     Payload,
+    Round,
     Vote,
-    agreement,
     default_channel,
     deterministic_solve_config,
     schedule_json,
-    vote_obj,
 )
 
 log = logging.getLogger(__name__)
@@ -100,7 +99,12 @@ class HookConfig:
     different schedules on different ranks); ``time_budget_s`` is then in CP-SAT's deterministic
     time units, which can take a few times longer in wall-clock time on a loaded machine.
     ``spmd="broadcast"``: rank 0 solves and broadcasts (see :mod:`.spmd`); in one process it
-    solves locally and may use ``deterministic=False``.
+    solves locally and may use ``deterministic=False``. ``broadcast_timeout_s``: how long each
+    wait of the broadcast protocol lasts (a non-zero rank waiting for rank 0's schedule, any
+    rank waiting for the others' votes) before that rank gives up and every rank keeps its
+    graph; it must cover rank 0's solve (``time_budget_s``, longer on a loaded machine) plus the
+    ranks' compile skew, hence 30 minutes by default (and more than ``time_budget_s`` in
+    broadcast mode). Not part of the uuid (it changes no compiled code).
     """
 
     time_budget_s: float = 10.0
@@ -115,6 +119,7 @@ class HookConfig:
     fuse: bool = True
     store: bool = True
     min_collectives: int = 1
+    broadcast_timeout_s: float = 1800.0
 
     def __post_init__(self) -> None:
         t = self.time_budget_s
@@ -123,6 +128,12 @@ class HookConfig:
         m = self.memory_limit
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
             raise ValueError(f"HookConfig.memory_limit must be bytes (int > 0), a ratio (float > 0) or None, got {m!r}")
+        b = self.broadcast_timeout_s
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b <= 0:
+            raise ValueError(f"HookConfig.broadcast_timeout_s must be a finite number of seconds > 0, got {b!r}")
+        if self.spmd == "broadcast" and b <= t:
+            raise ValueError(f"HookConfig.broadcast_timeout_s ({b!r}) must exceed time_budget_s ({t!r}): the other "
+                             "ranks wait that long for rank 0's solve")
         if self.spmd not in SPMD_MODES:
             raise ValueError(f"HookConfig.spmd must be one of {SPMD_MODES}, got {self.spmd!r}")
         if self.spmd == "deterministic" and not self.deterministic:
@@ -156,7 +167,7 @@ class HookConfig:
     def key(self) -> dict[str, Any]:
         """JSON-ready form for :meth:`FxschedPass.uuid`: every field, the profile by its numbers
         (the pass adds the cache directory it actually uses)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "broadcast_timeout_s"}
         d["profile"] = profile_settings(self.profile)
         d["cache_dir"] = None if self.cache_dir is None else str(self.cache_dir)
         return d
@@ -313,8 +324,9 @@ class FxschedPass(CustomGraphPass):
                             f"found is {result.min_feasible_budget_bytes} bytes)")
         return result.schedule, result
 
-    def _apply(self, ext: Extraction, schedule: Schedule, record: GraphRecord, *, dry_run: bool = True) -> None:
-        """Apply ``schedule`` to the real graph, all or nothing (see the module docstring)."""
+    def _apply(self, ext: Extraction, schedule: Schedule, record: GraphRecord, *, dry_run: bool = True) -> _Snapshot:
+        """Apply ``schedule`` to the real graph, all or nothing (see the module docstring); the
+        snapshot taken before, to undo it (broadcast mode, when another rank failed)."""
         if dry_run:
             apply_schedule(ext, schedule, inplace=False)  # every check and merge, on a copy
         gm = ext.graph_module
@@ -322,13 +334,10 @@ class FxschedPass(CustomGraphPass):
         try:
             apply_schedule(ext, schedule, inplace=True)
         except BaseException:
-            try:
-                snapshot.restore(gm)
-            except Exception as e:  # noqa: BLE001 - keep the original error; nothing more can be done
-                log.error("fxsched: could not rebuild graph #%d from its snapshot (%s: %s)", record.index,
-                          type(e).__name__, e)
+            _restore(snapshot, gm, record, "the in-place rewrite failed")
             raise
         record.buckets = len(schedule.buckets)
+        return snapshot
 
     def _store(self, ext: Extraction, fp: str, schedule: Schedule, result: Result, record: GraphRecord) -> None:
         if self.cache is None or not self.config.store:
@@ -346,11 +355,14 @@ class FxschedPass(CustomGraphPass):
         return self._channel if self._channel is not None else default_channel()
 
     def _run_broadcast(self, gm: fx.GraphModule, record: GraphRecord, channel: Channel) -> None:
-        """Rank 0 looks up or solves and broadcasts; all ranks vote; all apply or none does.
+        """Rank 0 looks up or solves and broadcasts; all ranks vote; all apply or none does
+        (one :class:`.spmd.Round`, whose waits each end after ``broadcast_timeout_s``).
 
-        Every rank calls both collectives whatever fails locally, so no rank is left waiting.
+        Every rank goes through every phase whatever fails locally (a failure is a "no" vote),
+        so no rank is left waiting; the decisions are the same on every rank.
         """
         record.spmd = "broadcast"
+        rnd = Round(channel, self.config.broadcast_timeout_s)
         ext: Extraction | None = None
         fp: str | None = None
         local_error = ""
@@ -359,7 +371,7 @@ class FxschedPass(CustomGraphPass):
         except Exception as e:  # noqa: BLE001 - reported through the vote
             local_error = f"extraction failed: {type(e).__name__}: {e}"
         result: Result | None = None
-        sent = None
+        sent: Payload | None = None
         if channel.rank == 0:
             payload = Payload(fp, None, error=local_error or None)
             if ext is not None and fp is not None:
@@ -369,8 +381,8 @@ class FxschedPass(CustomGraphPass):
                                       record.status, record.objective_ns, record.lower_bound_ns)
                 except Exception as e:  # noqa: BLE001 - sent as the payload's error
                     payload = Payload(fp, None, error=f"{type(e).__name__}: {e}")
-            sent = payload.to_obj()
-        received = Payload.from_obj(channel.broadcast(sent))
+            sent = payload
+        received = rnd.broadcast(sent)
         if channel.rank != 0:
             record.status, record.objective_ns, record.lower_bound_ns = (
                 received.status, received.objective_ns, received.lower_bound_ns)
@@ -379,6 +391,8 @@ class FxschedPass(CustomGraphPass):
         ok, reason, schedule_in = False, local_error, None
         if ext is not None:
             try:
+                if received.schedule is None:
+                    raise HookError(f"no schedule from rank 0: {received.error or 'no reason given'}")
                 if received.fingerprint != fp:
                     raise HookError(f"rank 0 compiled another graph (fingerprint {received.fingerprint}, "
                                     f"this rank {fp})")
@@ -387,12 +401,23 @@ class FxschedPass(CustomGraphPass):
                 ok = True
             except Exception as e:  # noqa: BLE001 - reported through the vote
                 reason = f"{type(e).__name__}: {e}"
-        votes = channel.all_gather(vote_obj(Vote(ok, fp, reason)))
-        agreed, why = agreement(votes)
+        agreed, why = rnd.settle("schedule", Vote(ok, fp, reason))
         if not agreed:
             raise HookError(f"ranks did not agree on a schedule, every rank keeps its graph: {why}")
+        if channel.rank == 0:
+            rnd.release()
         assert ext is not None and schedule_in is not None and fp is not None
-        self._apply(ext, schedule_in, record, dry_run=False)
+        snapshot: _Snapshot | None = None
+        try:
+            snapshot, reason = self._apply(ext, schedule_in, record, dry_run=False), ""
+        except Exception as e:  # noqa: BLE001 - reported through the vote (the graph is restored)
+            reason = f"in-place apply failed: {type(e).__name__}: {e}"
+        applied, why = rnd.settle("applied", Vote(snapshot is not None, fp, reason))
+        if not applied:
+            if snapshot is not None:
+                _restore(snapshot, gm, record, "another rank could not apply the schedule")
+                record.buckets = None
+            raise HookError(f"the schedule was not applied on every rank, every rank keeps its graph: {why}")
         record.outcome = "hit" if received.source == "hit" else "solved"
         if result is not None:
             self._store(ext, fp, schedule_in, result, record)
@@ -410,7 +435,7 @@ class _Snapshot:
         self.modules = set(gm._modules)
         self.meta = copy.copy(gm.meta)
 
-    def restore(self, gm: fx.GraphModule) -> None:
+    def restore(self, gm: fx.GraphModule, why: str) -> None:
         from torch.fx.graph import _Namespace
 
         graph = gm.graph
@@ -426,7 +451,16 @@ class _Snapshot:
         gm.meta.clear()
         gm.meta.update(self.meta)
         gm.recompile()
-        log.warning("fxsched: the in-place rewrite failed; the graph was rebuilt from its snapshot")
+        log.warning("fxsched: %s; the graph was rebuilt from its snapshot", why)
+
+
+def _restore(snapshot: _Snapshot, gm: fx.GraphModule, record: GraphRecord, why: str) -> None:
+    """Rebuild ``gm`` from ``snapshot``; a failure is logged (the caller's error says the rest)."""
+    try:
+        snapshot.restore(gm, why)
+    except Exception as e:  # noqa: BLE001 - nothing more can be done
+        log.error("fxsched: could not rebuild graph #%d from its snapshot (%s: %s)", record.index,
+                  type(e).__name__, e)
 
 
 def _rank_and_world() -> tuple[int, int] | None:

@@ -7,13 +7,37 @@ or buckets, NCCL hangs or silently mixes up data. The hook offers two ways to ru
   configuration (:func:`deterministic_solve_config`: fixed seed, CP-SAT's deterministic time
   limit, a fixed worker count with ``interleave_search``). Identical graphs, settings and cache
   contents give identical schedules; no communication at compile time.
-* ``spmd="broadcast"``: rank 0 looks up or solves, then broadcasts a :class:`Payload` on the
-  default group. Each rank checks that rank 0's fingerprint is its own and dry-runs the schedule,
-  then all ranks vote (an all-gather of ``(ok, fingerprint)``); the schedule is applied only if
-  every rank voted yes for the same fingerprint, otherwise every rank keeps its graph unchanged.
+* ``spmd="broadcast"``: rank 0 looks up or solves, and the ranks agree in one :class:`Round`
+  per graph, on the process group's key-value store (:class:`TorchChannel`):
 
-Communication goes through a :class:`Channel` so the protocol can be tested in one process with a
-fake channel; :class:`TorchChannel` is the real one (``torch.distributed`` object collectives).
+  1. rank 0 publishes a :class:`Payload`; every other rank waits for it;
+  2. each rank checks that rank 0's fingerprint is its own, dry-runs the schedule and votes;
+     the phase is settled (:meth:`Round.settle`); on commit every rank applies in place;
+  3. each rank votes on whether its in-place apply worked; unless all did, every rank restores
+     its graph.
+
+  Settling a phase: each rank publishes its vote; a rank that voted yes waits for all votes and
+  proposes to commit iff all are yes for one fingerprint; a rank that voted no, or gave up
+  waiting, proposes to abort. The first proposal stored (an atomic ``compare_set``) is every
+  rank's decision. Say rank 0 is slow to solve and rank 1 gives up waiting for the schedule:
+  rank 1 votes no, so when rank 0 publishes later it finds rank 1's "no" (or the abort decision)
+  and keeps its graph too. If rank 1 gave up waiting for the *votes* after voting yes, rank 0
+  sees only yes votes but its commit proposal loses to rank 1's abort. Either way no rank
+  applies alone.
+
+Timeouts: every wait of a round ends after ``HookConfig.broadcast_timeout_s`` (default 30 min,
+torch's default gloo timeout), which must cover rank 0's solve and the ranks' compile skew; a
+rank that gives up logs a warning naming it, and every rank keeps its graph. No rank waits
+forever, and the process group's own timeout plays no part.
+
+Why a store and not collectives on the group (the first version broadcast with
+``broadcast_object_list``): a collective that times out breaks the group (gloo closes the
+connection: "Application timeout caused pair closure", so the training step's next collective
+fails) and leaves the ranks' collective sequences misaligned; and no exchange of messages with
+time-outs can make every rank decide alike (the last message may always be the one that came too
+late), while an atomic compare-and-set can. The store also needs no device work at compile time.
+
+The protocol talks to a :class:`Channel` so it can be tested in one process with a fake one.
 This module never solves or applies anything itself.
 """
 
@@ -21,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -70,7 +95,7 @@ class Payload:
     error: str | None = None
 
     def to_obj(self) -> dict[str, Any]:
-        """Plain data (what goes through pickle in ``broadcast_object_list``)."""
+        """Plain JSON-ready data (what :meth:`Round.broadcast` publishes)."""
         return {"format": PAYLOAD_FORMAT, **self.__dict__}
 
     @classmethod
@@ -88,53 +113,96 @@ class Payload:
         return schedule_from_dict(json.loads(self.schedule), "broadcast schedule")
 
 
+class ChannelTimeout(TimeoutError):
+    """A wait on a :class:`Channel` ran out of time; ``missing`` are the keys still unset."""
+
+    def __init__(self, missing: Sequence[str], timeout_s: float):
+        super().__init__(f"{len(missing)} key(s) still unset after {timeout_s:g} s: {', '.join(missing[:4])}")
+        self.missing = list(missing)
+
+
 class Channel(Protocol):
-    """The two collectives the broadcast protocol needs, on one group of ranks."""
+    """A key-value store shared by one group of ranks (what a :class:`Round` runs on).
+
+    Values are text. ``set_once`` must be atomic: whichever rank stores first, every rank gets
+    that value back. :class:`StoreChannel` is the real one; tests use an in-memory fake.
+    """
 
     rank: int
     world_size: int
 
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (other ranks pass None)."""
+    def new_round(self) -> str:
+        """A fresh key prefix; the n-th call on each rank returns the same prefix."""
         ...
 
-    def all_gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order."""
+    def set(self, key: str, value: str) -> None:
+        ...
+
+    def wait(self, keys: Sequence[str], timeout_s: float) -> list[str]:
+        """The values of ``keys`` once all are set; :class:`ChannelTimeout` after ``timeout_s``."""
+        ...
+
+    def set_once(self, key: str, value: str) -> str:
+        """Store ``value`` unless ``key`` holds one already; return what ``key`` holds."""
+        ...
+
+    def delete(self, key: str) -> None:
         ...
 
 
-class TorchChannel:
-    """:class:`Channel` over ``torch.distributed`` object collectives on ``group`` (default: WORLD).
+class StoreChannel:
+    """:class:`Channel` on a c10d ``Store`` (keys under ``fxsched/spmd/``).
 
-    The collectives run with every dispatch mode (FakeTensorMode, ...) switched off: the hook runs
-    inside Inductor's compile, where object collectives must still move real bytes.
+    ``wait`` polls ``check`` (every 2 ms at first, then at most every 0.2 s) rather than using
+    ``Store.wait``, so giving up leaves nothing pending on the store's connection.
     """
+
+    PREFIX = "fxsched/spmd"
+    POLL_S = (0.002, 0.2)
+
+    def __init__(self, store: Any, rank: int, world_size: int):
+        import torch.distributed as dist
+
+        self.store = dist.PrefixStore(self.PREFIX, store)
+        self.rank, self.world_size = rank, world_size
+
+    def new_round(self) -> str:
+        # a per-rank counter kept in the store: a new process group (new store) starts again at 1
+        return f"r{self.store.add(f'rounds/{self.rank}', 1)}"
+
+    def set(self, key: str, value: str) -> None:
+        self.store.set(key, value)
+
+    def wait(self, keys: Sequence[str], timeout_s: float) -> list[str]:
+        keys = list(keys)
+        deadline = time.monotonic() + timeout_s
+        delay = self.POLL_S[0]
+        while not self.store.check(keys):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChannelTimeout([k for k in keys if not self.store.check([k])], timeout_s)
+            time.sleep(min(delay, left))
+            delay = min(2 * delay, self.POLL_S[1])
+        return [self.store.get(k).decode() for k in keys]
+
+    def set_once(self, key: str, value: str) -> str:
+        return self.store.compare_set(key, "", value).decode()
+
+    def delete(self, key: str) -> None:
+        self.store.delete_key(key)
+
+
+class TorchChannel(StoreChannel):
+    """:class:`StoreChannel` on the store of a ``torch.distributed`` process group (default:
+    the default group), with the group's ranks. Every process group has one (a TCPStore under
+    torchrun); nothing runs on the group itself, so no device work at compile time."""
 
     def __init__(self, group: Any = None):
         import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _get_process_group_store
 
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
-        self._src = dist.get_global_rank(group, 0) if group is not None else 0
-
-    def broadcast(self, obj: Any) -> Any:
-        import torch.distributed as dist
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        box = [obj if self.rank == 0 else None]
-        with _disable_current_modes():
-            dist.broadcast_object_list(box, src=self._src, group=self.group)
-        return box[0]
-
-    def all_gather(self, obj: Any) -> list[Any]:
-        import torch.distributed as dist
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        out: list[Any] = [None] * self.world_size
-        with _disable_current_modes():
-            dist.all_gather_object(out, obj, group=self.group)
-        return out
+        pg = group if group is not None else dist.group.WORLD
+        super().__init__(_get_process_group_store(pg), dist.get_rank(group), dist.get_world_size(group))
 
 
 def default_channel() -> TorchChannel | None:
@@ -177,3 +245,99 @@ def agreement(votes: Sequence[Any]) -> tuple[bool, str]:
 
 def vote_obj(vote: Vote) -> dict[str, Any]:
     return {"ok": vote.ok, "fingerprint": vote.fingerprint, "reason": vote.reason}
+
+
+COMMIT, ABORT = "commit", "abort:"  # a phase's decision: COMMIT, or ABORT followed by why
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+class Round:
+    """One graph's agreement among the ranks of ``channel`` (see the module docstring).
+
+    Every rank opens one round per graph, in the same order. Each wait (:meth:`broadcast` on a
+    non-zero rank, the vote wait of each :meth:`settle`) gives up after ``timeout_s`` seconds
+    (``HookConfig.broadcast_timeout_s``); a rank that gives up proposes to abort, which then
+    either is every rank's decision or loses to a commit that this rank can still follow.
+    Neither method raises: problems become "no" votes and abort proposals.
+    """
+
+    def __init__(self, channel: Channel, timeout_s: float):
+        self.channel, self.timeout_s = channel, timeout_s
+        self.prefix = channel.new_round()
+
+    def key(self, *parts: object) -> str:
+        return "/".join((self.prefix, *map(str, parts)))
+
+    def broadcast(self, payload: Payload | None) -> Payload:
+        """Rank 0 publishes ``payload`` and gets it back; another rank waits for it. A rank that
+        gets none (time-out, store error, garbage) gets a payload with ``error`` set: it votes no."""
+        ch, key = self.channel, self.key("payload")
+        try:
+            if ch.rank == 0:
+                assert payload is not None, "rank 0 must publish a payload"
+                ch.set(key, json.dumps(payload.to_obj()))
+                return payload
+            (text,) = ch.wait([key], self.timeout_s)
+            return Payload.from_obj(_loads(text))
+        except ChannelTimeout:
+            log.warning("fxsched: no schedule from rank 0 within broadcast_timeout_s=%g s (round %s); this rank "
+                        "votes to keep every graph unchanged. Raise HookConfig.broadcast_timeout_s if rank 0 is "
+                        "just slow to compile and solve", self.timeout_s, self.prefix)
+            return Payload(None, None, error=f"none came within broadcast_timeout_s={self.timeout_s:g} s")
+        except Exception as e:  # noqa: BLE001 - becomes a "no" vote
+            return Payload(None, None, error=f"broadcast failed: {type(e).__name__}: {e}")
+
+    def release(self) -> None:
+        """Rank 0 drops the payload from the store once the schedule phase commits (every rank
+        voted yes, so every rank has read it); best effort."""
+        try:
+            self.channel.delete(self.key("payload"))
+        except Exception as e:  # noqa: BLE001 - only memory on the store's host
+            log.debug("fxsched: could not delete %s: %s", self.key("payload"), e)
+
+    def settle(self, phase: str, vote: Vote) -> tuple[bool, str]:
+        """Publish this rank's ``vote`` for ``phase`` and return the phase's decision, the same on
+        every rank: ``(True, "")`` to go ahead, ``(False, why)`` when every rank must keep (or
+        restore) its graph.
+
+        A rank that votes yes waits for every vote and proposes to commit iff all are yes for one
+        fingerprint; one that votes no, or gives up waiting, proposes to abort. The first proposal
+        stored (``set_once``) is the decision. Commit needs every rank's yes, so a rank that voted
+        no never has to apply. Only when the store fails here can ranks disagree (logged as an
+        error; the job's rendezvous is then gone anyway).
+        """
+        ch = self.channel
+        proposal = ""
+        try:
+            ch.set(self.key(phase, "vote", ch.rank), json.dumps(vote_obj(vote)))
+            if not vote.ok:
+                proposal = f"rank {ch.rank}: {vote.reason}"
+            else:
+                keys = [self.key(phase, "vote", r) for r in range(ch.world_size)]
+                ok, why = agreement([_loads(t) for t in ch.wait(keys, self.timeout_s)])
+                proposal = "" if ok else why
+        except ChannelTimeout as e:
+            ranks = sorted(int(k.rsplit("/", 1)[1]) for k in e.missing)
+            proposal = (f"rank {ch.rank}: no {phase} vote from rank(s) {ranks[:8]} within "
+                        f"broadcast_timeout_s={self.timeout_s:g} s")
+            log.warning("fxsched: %s (round %s); every rank keeps its graph unchanged", proposal, self.prefix)
+        except Exception as e:  # noqa: BLE001 - an abort proposal
+            proposal = f"rank {ch.rank}: {phase} vote failed: {type(e).__name__}: {e}"
+        try:
+            decision = ch.set_once(self.key(phase, "decision"), ABORT + proposal if proposal else COMMIT)
+        except Exception as e:  # noqa: BLE001 - cannot learn the decision: keep the graph
+            log.error("fxsched: round %s: could not read the %s decision (%s: %s); this rank keeps its graph, "
+                      "other ranks may not", self.prefix, phase, type(e).__name__, e)
+            return False, f"no {phase} decision: {type(e).__name__}: {e}"
+        if decision == COMMIT and vote.ok:
+            return True, ""
+        if decision == COMMIT:  # impossible unless something else writes these keys
+            log.error("fxsched: round %s: %s committed without this rank's yes", self.prefix, phase)
+            return False, f"{phase} committed without rank {ch.rank}'s yes"
+        return False, decision[len(ABORT):] if decision.startswith(ABORT) else f"bad decision {decision!r}"

@@ -74,6 +74,11 @@ def spmd_main(argv: list[str]) -> None:
 # ---------------------------------------------------------------- test_hook_gloo: one gloo rank
 
 CHAIN_DIM, CHAIN_ROWS, CHAIN_LAYERS = 8, 4, 4
+# The group's timeout bounds how far one rank's compile (C++ included) may run ahead of the other's
+# before a collective of the compiled step gives up. Compiles take ~4x longer with both cores of
+# a 2-core machine busy (the cold step: 24 s -> 100 s), so keep it well above that. (The hook's
+# broadcast protocol does not use it: it waits on the store, up to broadcast_timeout_s.)
+GLOO_TIMEOUT_S = 300
 
 
 def chain_model(group: str):
@@ -136,7 +141,7 @@ def run_compile_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     inductor_config.fx_graph_cache = True
     torch.manual_seed(0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=90))
+                            timeout=timedelta(seconds=GLOO_TIMEOUT_S))
     report: dict[str, Any] = {"rank": rank, "steps": []}
     try:
         fn = chain_model(str(dist.group.WORLD.group_name))
@@ -174,7 +179,9 @@ def run_compile_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         step("changed")  # uuid changed: FX graph cache miss, the pass applies the new entry
         fxhook.disable()
 
-        # broadcast mode: rank 0 solves (no cache), every rank applies its schedule
+        # broadcast mode: rank 0 solves (no cache), every rank applies its schedule. The default
+        # broadcast_timeout_s (30 min) outlasts the test's own limit: rank 1 never gives up on a
+        # slow rank 0 here, so the outcome does not depend on the machine's load.
         fxpass = fxhook.enable(time_budget_s=2.0, memory_limit=2.0, cache_dir=None, spmd="broadcast",
                                deterministic=False)
         step("broadcast")

@@ -123,6 +123,7 @@ def test_uuid_tracks_config_and_cache_entries(tmp_path: Path):
                    {"workers": 2}, {"mode": "free"}, {"profile": "a100"}, {"fuse": False},
                    {"cache_dir": tmp_path / "other"}, {"min_collectives": 2}):
         assert FxschedPass(_config(tmp_path, **change)).uuid() != u0, change
+    assert FxschedPass(_config(tmp_path, broadcast_timeout_s=60.0)).uuid() == u0  # a wait limit, not code
 
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "notes.txt").write_text("not an entry")
@@ -266,7 +267,8 @@ def test_config_validation():
     for bad in ({"time_budget_s": 0}, {"time_budget_s": float("inf")}, {"memory_limit": 0}, {"memory_limit": True},
                 {"memory_limit": -1.0}, {"spmd": "rank0"}, {"deterministic": False}, {"workers": 0},
                 {"seed": -1}, {"mode": "any"}, {"profile": "no-such-gpu"}, {"min_collectives": -1},
-                {"store": "yes"}, {"cache_dir": 3}):
+                {"store": "yes"}, {"cache_dir": 3}, {"broadcast_timeout_s": 0}, {"broadcast_timeout_s": float("nan")},
+                {"spmd": "broadcast", "deterministic": False, "time_budget_s": 10.0, "broadcast_timeout_s": 5.0}):
         with pytest.raises(ValueError):
             HookConfig(**bad)
     assert HookConfig(spmd="broadcast", deterministic=False).solve_config().deterministic is False
