@@ -28,7 +28,7 @@ from ..fxbridge.extract import extract_problem
 from ..heuristics import HEURISTICS
 from ..solver import simulate
 from ..solver.cpsat import SolveConfig, solve
-from .sections import emit
+from .sections import emit, source_revision
 from .inductor_adapter import VARIANTS, run_inductor
 from .zoo import ZOO
 from .zoo.tracing import build_graphs
@@ -103,7 +103,8 @@ def measure(layers: int, budget_s: float, workers: int, mode: str, graph: str = 
 
 def table(rows: list[ScaleRow], argv: str) -> str:
     out = [BEGIN, "## Scaling (issue 6)", "",
-           f"Made by `python -m fxsched.benchmarks.scale {argv}` on {platform.machine()} / Python "
+           f"Made by `python -m fxsched.benchmarks.scale {argv}` (at commit {source_revision()}) on "
+           f"{platform.machine()} / Python "
            f"{platform.python_version()}, a shared 2-core machine. `llama_fsdp_8r` backward with the given layer "
            "count, traced with CPU FakeTensors (so that buckets can be applied on a CPU-only torch; its attention "
            "kernel and costs differ from the CUDA-retargeted zoo graphs), simulated H100 times in us. "

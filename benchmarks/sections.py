@@ -23,3 +23,19 @@ def emit(out: str | Path | None, begin: str, end: str, text: str) -> None:
         replace_section(out, begin, end, text)
     else:
         print(text)
+
+
+def source_revision() -> str:
+    """The git commit the benchmark ran at (``+changes`` when the tree differs from it), so a
+    results section names the code that made it; "unknown" outside a git checkout."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{rev}+changes" if dirty else rev

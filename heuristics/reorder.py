@@ -85,15 +85,31 @@ def _private_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, i
     return out
 
 
+def feeds_compute(problem: ScheduleProblem) -> list[bool]:
+    """Per op (by original index): whether some positive-cost compute depends on it (one reverse pass)."""
+    out = [False] * len(problem.ops)
+    idx = problem.index
+    for i in range(len(problem.ops) - 1, -1, -1):
+        for u in problem.users[problem.ops[i].name]:
+            j = idx[u]
+            if out[j] or (problem.ops[j].kind is OpKind.COMPUTE and problem.ops[j].runtime_ns > 0):
+                out[i] = True
+                break
+    return out
+
+
+def waited_collectives(problem: ScheduleProblem) -> frozenset[str]:
+    """Collectives whose wait feeds positive-cost compute (the rest only feed the graph's outputs)."""
+    feeds = feeds_compute(problem)
+    return frozenset(c.name for c in problem.collectives if feeds[problem.index[problem.wait_of[c.name]]])
+
+
 def filler_ops(problem: ScheduleProblem) -> frozenset[str]:
     """Positive-cost compute that no collective some compute waits for depends on (weight
     gradients: they feed only gradient reductions and the graph's outputs)."""
     waited = 0  # ancestors of collectives whose wait feeds positive-cost compute
-    for c in problem.collectives:
-        w = problem.index[problem.wait_of[c.name]]
-        if any(problem.ops[j].kind is OpKind.COMPUTE and problem.ops[j].runtime_ns > 0
-               for j in bit_indices(problem.descendants[w])):
-            waited |= problem.ancestors[problem.index[c.name]]
+    for c in waited_collectives(problem):
+        waited |= problem.ancestors[problem.index[c]]
     return frozenset(op.name for i, op in enumerate(problem.ops)
                      if op.kind is OpKind.COMPUTE and op.runtime_ns > 0 and not waited >> i & 1)
 

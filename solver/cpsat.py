@@ -37,10 +37,13 @@ from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
 from ..heuristics.fill import fill_stalls
 from ..heuristics.reorder import defer_independent
+from ..heuristics.pipeline import pipeline_fillers
 from ..heuristics.sink import sink_stalled_waits
 from .bounds import makespan_lower_bound
 from .cpsat_frame import Frame, FrameOptions, bucket_size_bytes, build_frame, order_pairs
 from .cpsat_model import ModelBuilder
+from .layer_replay import LayerReplayer
+from .layers import DEFAULT_LAYER_PATTERN, LayerStructure, detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
@@ -88,6 +91,10 @@ class SolveConfig:
     lns_rounds: int = 8  # deterministic mode: neighbourhood rounds on large graphs (each a window)
     lns_radius: int = 6  # slots a windowed item may move
     lns_window: int = 6  # placements (buckets or lone collectives) freed per round
+    layer_replay: bool = True  # large graphs: replay a round's gain in isomorphic layers (layer_replay.py)
+    layer_pattern: str = DEFAULT_LAYER_PATTERN  # module FQN regex whose group 1 names a layer
+    layer_seed_rounds: int = 2  # the first rounds' windows sit in one layer of the largest class
+    layer_replay_evals: int = 16  # simulations per replayed gain
 
     def __post_init__(self) -> None:
         if self.mode not in ("fixed", "free"):
@@ -145,11 +152,12 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``);
-    then stalled waits sunk; in free mode, then stalls filled with ready compute,
-    independent compute deferred past exposed collectives (at most ``defer_moves`` tries),
-    stalls filled and waits sunk again.
-    With a ``deadline`` (wall-clock solves only) the tries after the first, and the deferral,
-    stop once it has passed."""
+    then stalled waits sunk. In free mode, then: stalls filled with ready compute, independent
+    compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
+    held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), deferred
+    again, stalls filled and waits sunk. The two deferrals share ``defer_moves`` tries (and, with
+    a ``deadline``, the time left). With a ``deadline`` (wall-clock solves only) the tries after
+    the first, and the later steps, stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
     if config.bucketing and not config.plan:
@@ -174,13 +182,26 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
             best = (key, name, sched)
     assert best is not None
     name, sched = best[1], best[2]
-    steps = [("sink", lambda s: sink_stalled_waits(problem, s, budget_bytes=budget_bytes, deadline=deadline))]
-    if config.mode == "free":  # heavy compute may move: fill stalls, defer past exposed issues, fill again
-        steps += [("fill", lambda s: fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)),
-                  ("defer", lambda s: defer_independent(problem, s, budget_bytes=budget_bytes,
-                                                        max_moves=defer_moves, deadline=deadline)),
-                  ("fill", lambda s: fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)),
-                  ("sink", lambda s: sink_stalled_waits(problem, s, budget_bytes=budget_bytes, deadline=deadline))]
+    # the two deferral passes share the moves (deterministic) or the time (wall clock) evenly
+    half_moves = max(8, defer_moves // 2)
+    mid = None if deadline is None else time.perf_counter() + 0.5 * max(0.0, deadline - time.perf_counter())
+
+    def sink(s: Schedule) -> Schedule:
+        return sink_stalled_waits(problem, s, budget_bytes=budget_bytes, deadline=deadline)
+
+    def fill(s: Schedule) -> Schedule:
+        return fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)
+
+    def defer(until: float | None) -> Callable[[Schedule], Schedule]:
+        return lambda s: defer_independent(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=until)
+
+    def pipeline(s: Schedule) -> Schedule:
+        return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)
+
+    steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink)]
+    if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
+        steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
+                  ("pipeline", pipeline), ("defer", defer(deadline)), ("fill", fill), ("sink", sink)]
     for step, fn in steps:
         new = fn(sched)
         if new != sched:
@@ -226,6 +247,7 @@ def solve(
         frame = build_frame(problem, config.frame_options())
         pairs = order_pairs(frame)
     if pairs > config.max_order_literals:
+        layers = detect_layers(problem, config.layer_pattern) if config.layer_replay else None
         if config.mode == "free":
             # free order at scale: the warm start deferred independent compute; search in fixed order
             # around its heavy-compute order (same ops, so the schedule fits the original problem)
@@ -234,7 +256,7 @@ def solve(
             frame = build_frame(problem, config.frame_options())
             pairs = order_pairs(frame)
         return _neighbourhood_solve(problem, config, budget, (h_name, h_sched, h_res), time_budget_s, t0,
-                                    floor_ns, progress, frame, pairs)
+                                    floor_ns, progress, frame, pairs, layers)
     if not config.deterministic:  # a wall-clock budget covers the warm start too
         time_budget_s = max(0.0, time_budget_s - (time.perf_counter() - t0))
     t_build = time.perf_counter()
@@ -315,7 +337,8 @@ def centers_of(problem: ScheduleProblem, frame: Frame, sched: Schedule) -> tuple
 
 def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: int, heur: tuple,
                          time_budget_s: float, t0: float, floor_ns: int,  # the whole budget, from t0
-                         progress: Callable[[Progress], None] | None, full: Frame, full_pairs: int) -> Result:
+                         progress: Callable[[Progress], None] | None, full: Frame, full_pairs: int,
+                         layers: LayerStructure | None = None) -> Result:
     """Large graphs: rounds of CP-SAT over windows of the incumbent (first: the heuristic's).
 
     Each round frees the collectives (lone or bucketed) around the incumbent's most exposed one
@@ -324,7 +347,8 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
     is and held at its slots. An improved incumbent restarts the list; when every window has been
     tried without a gain, windows and radius double. The model's bound covers
     only the window, so the reported bound is the structural one (``bounds.makespan_lower_bound``),
-    valid for every schedule.
+    valid for every schedule. With ``layers`` (isomorphic layers of the problem), a gain local to
+    one layer is replayed in the others and the first windows sit in one of them (layer_replay.py).
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
@@ -339,8 +363,14 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
         rounds = max(1, len(problem.collectives))
     tried: set[tuple[str, ...]] = set()
     size, radius = config.lns_window, config.lns_radius
+    replayer = None
+    if layers is not None and layers.classes:
+        replayer = LayerReplayer(problem, layers, budget, config.layer_replay_evals,
+                                 None if config.deterministic else t0 + time_budget_s)
+        stats["layers_in_classes"] = len(layers.class_of)
     for rnd in range(rounds):
-        window = _window(best_res, size, tried)
+        window = replayer.seed_window(best_res, size, tried) if replayer and rnd < config.layer_seed_rounds else None
+        window = window or _window(best_res, size, tried)
         if window is None:  # every window tried without a gain: widen them while they can still grow
             if size >= len(best_res.collectives) and radius >= MAX_RADIUS_FACTOR * config.lns_radius:
                 break
@@ -379,6 +409,8 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
         res = simulate(problem, sched)
         if res.peak_memory_bytes <= budget and (res.makespan_ns, res.peak_memory_bytes) < (
                 best_res.makespan_ns, best_res.peak_memory_bytes):
+            if replayer is not None:
+                sched, res = replayer.improve(best, sched, res, stats)
             best, best_res, method = sched, res, "cpsat-lns"
             stats["improved"] += 1
             tried.clear()

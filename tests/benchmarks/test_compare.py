@@ -176,3 +176,35 @@ def test_schedule_of_original_problem_is_unchanged_by_mapping(ext: Extraction) -
     gm, nodes = copy_graph_module(ext.graph_module)
     run = InductorRun(NO_BUCKETING, gm, nodes, FxschedEstimator(ext.problem, nodes), 0.0)
     assert map_schedule(ext.problem, run) == Schedule.original(ext.problem)
+
+
+def test_hidden_target_applies_only_where_the_bound_allows_full_hiding() -> None:
+    """Two collectives on one group, each 100 ns. Hand-derived: in ``free`` (c1 and c2 each
+    under 200 ns of independent compute) the bound's exposed part is 0, so the 99% target
+    applies; the original order issues and waits each at once (both exposed): 0/2 hidden, FAILS;
+    overlap hides both: HOLDS. In ``forced`` x (2000) needs c1 (1100 ns, on the problem's comm
+    curve too) and only z (500) is independent of it, so c1 is hideable but the bound proves
+    1100 - 500 = 600 ns exposed: the target does not apply."""
+    from fxsched.heuristics import overlap_schedule
+    from fxsched.solver.bounds import makespan_lower_bound
+
+    from tests.solver.solver_builders import coll, compute, make_problem, wait
+
+    free = make_problem([coll("c1", runtime_ns=100), wait("w1", "c1"), coll("c2", runtime_ns=100), wait("w2", "c2"),
+                         compute("x", 200, heavy=True), compute("y", 200, deps=["x"], heavy=True)])
+    forced = make_problem([coll("c1", runtime_ns=1100, bytes_in=500, bytes_out=500), wait("w1", "c1"),
+                           compute("x", 2000, deps=["w1"], heavy=True),
+                           compute("z", 500, heavy=True)])
+
+    def report(p, sched):
+        rows = [compare.Row("original order", simulate(p), 0.0), compare.Row("cpsat", simulate(p, sched), 0.0)]
+        return compare.PartReport(p, rows, makespan_lower_bound(p).makespan_ns, [])
+
+    r = report(free, Schedule.original(free))
+    assert r.global_bound_ns == 400
+    assert r.hidden_target(r.rows[1]) == "hidden 0/2 hideable (0.0%); 99% target FAILS"
+    r = report(free, overlap_schedule(free))
+    assert r.hidden_target(r.rows[1]) == "hidden 2/2 hideable (100.0%); 99% target HOLDS"
+    r = report(forced, Schedule.original(forced))
+    assert r.hidden_target(r.rows[1]) == ("hidden 0/1 hideable (0.0%); 99% target not applicable "
+                                          "(the bound proves 0.6 us exposed)")
