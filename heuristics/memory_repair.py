@@ -222,29 +222,32 @@ def _moves(
     for i, name in enumerate(sched.order):
         bb_before[i + 1] = bb_before[i] + (name in pl.slot_of_backbone)
     last_use = _last_uses(p, sched, pos)
+    bb_over = [bb_before[q] for q in over]  # non-decreasing, as ``over`` is sorted
     scored: list[tuple[int, int, int, _Unit, int, int]] = []
     for u in units:
         start = min(pos[op] for m in u.members for op in (*pl.units[m].chain, m))
         issue_pos = max(pos[m] for m in u.members)
         wait_pos = min(pos[p.wait_of[m]] for m in u.members)
         end = max([wait_pos, *(last_use.get(s, wait_pos) for s in u.storages)])
-        spanned = over[bisect.bisect_left(over, start):bisect.bisect_right(over, end)]
-        if not spanned:
+        lo, hi = bisect.bisect_left(over, start), bisect.bisect_right(over, end)  # spanned: over[lo:hi]
+        if lo == hi:
             continue
-        in_flight = [q for q in spanned if issue_pos < q <= wait_pos] if u.wait_bytes else []
+        # in flight: the spanned positions q with issue_pos < q <= wait_pos, over[a:b]
+        a, b = (bisect.bisect_right(over, issue_pos, lo, hi), bisect.bisect_right(over, wait_pos, lo, hi)) \
+            if u.wait_bytes else (lo, lo)
         s, w = issue[u.members[0]], wait[u.members[0]]
-        cand = [(min(u.need, bb_before[spanned[-1]] + 1), None),  # issue after the last one it spans
+        cand = [(min(u.need, bb_over[hi - 1] + 1), None),  # issue after the last one it spans
                 (u.orig_issue, None), (u.orig_issue, u.orig_wait)]
-        if in_flight:  # wait before the first one it is in flight over, or where it was
-            cand += [(s, max(s, min(w, bb_before[in_flight[0]]))), (s, max(s, min(w, u.orig_wait)))]
+        if a < b:  # wait before the first one it is in flight over, or where it was
+            cand += [(s, max(s, min(w, bb_over[a]))), (s, max(s, min(w, u.orig_wait)))]
         seen: set[tuple[int, int]] = set()
         for s2, w2_or_none in cand:
             w2 = max(wait0[u.members[0]], s2) if w2_or_none is None else w2_or_none
             if not (u.earliest <= s2 <= w2 <= u.need and s2 >= s) or (s2, w2) == (s, w) or (s2, w2) in seen:
                 continue
             seen.add((s2, w2))
-            gain = u.issue_bytes * sum(1 for q in spanned if bb_before[q] < s2)
-            gain += u.wait_bytes * sum(1 for q in in_flight if bb_before[q] >= w2)
+            gain = u.issue_bytes * (bisect.bisect_left(bb_over, s2, lo, hi) - lo)  # spanned before slot s2
+            gain += u.wait_bytes * (b - bisect.bisect_left(bb_over, w2, a, b))  # in flight from slot w2 on
             if gain > 0:
                 scored.append((-gain, pos[u.members[0]], len(scored), u, s2, w2))
     scored.sort(key=lambda x: x[:3])

@@ -145,7 +145,8 @@ def resolve_budget(problem: ScheduleProblem, budget: float | None) -> int:
 
 WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graphs want larger buckets
 WARM_START_SHARE = 0.6
-DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget
+DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
+DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
 
 
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
@@ -235,7 +236,8 @@ def solve(
     # wall-clock solves keep at least 40% of the budget for the search
     deadline = None if config.deterministic else t0 + WARM_START_SHARE * time_budget_s
     # deterministic solves bound the deferral by the budget; wall-clock ones by the deadline
-    moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s)) if config.deterministic else 4096
+    scale = min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))
+    moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096
     h_name, h_sched = ("hint", hint) if hint is not None else warm_start(problem, budget, config, deadline, moves)
     h_res = simulate(problem, h_sched)
     # a bound valid for every schedule (any order, any buckets): the floor of every reported bound
