@@ -20,8 +20,9 @@ This pass rebuilds the program order on the execution model's clocks instead:
   ``backlog_ns`` (held-back fillers keep their inputs live: the knob trades overlap for memory).
 
 The result is valid by construction (an op is placed only after all its dependencies, bucket
-members are issued together before any of their waits). Each (backlog, overshoot) setting is
-scored by the simulator; the fastest within the memory budget is kept when it beats the input.
+members are issued together before any of their waits). Each setting is scored by the
+simulator; the fastest within the memory budget is kept when it beats the input
+(:func:`pipeline_fillers`, which also narrows the pipelining where memory runs over).
 """
 
 from __future__ import annotations
@@ -288,7 +289,8 @@ def pipeline_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_byt
     median collective that compute waits for. A rebuild over the budget is retried (at most
     ``retries`` times) with the given compute order kept over the ``keep_windows`` ops up to its
     first position over the budget (held-back fillers raised the memory there; a window that
-    does not help reaches further back); the first setting is tried with each window. ``deadline`` (a ``time.perf_counter()`` value) stops the ladder early.
+    does not help reaches further back); the first setting is tried with each window.
+    ``deadline`` (a ``time.perf_counter()`` value) stops the ladder early.
     """
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
     fillers = pipeline_fillers_of(problem, schedule)
