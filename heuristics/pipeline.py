@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable
 
 from ..solver.problem import OpKind, ScheduleProblem
-from ..solver.schedule import Schedule, check_schedule
+from ..solver.schedule import Schedule, check_schedule, issued_units
 from ..solver.simulator import copy_in_ns, copy_out_ns, simulate
 from .overlap import original_peak
 from .reorder import filler_ops, waited_collectives
@@ -253,15 +253,16 @@ class _Builder:
         return best
 
 
-def pipeline_fillers_of(problem: ScheduleProblem, schedule: Schedule) -> frozenset[str]:
+def pipeline_fillers_of(problem: ScheduleProblem, schedule: Schedule,
+                        waited: frozenset[str] | None = None) -> frozenset[str]:
     """The fillers worth holding back: :func:`.reorder.filler_ops` less the ancestors of any
     collective (or bucket) that outlasts every collective some compute waits for (the output
-    projection's gradient all-reduce, say): held back, they would push it to the end, exposed."""
-    fillers = filler_ops(problem)
-    bucketed = {m for b in schedule.buckets for m in b}
-    units = [*schedule.buckets, *((c.name,) for c in problem.collectives if c.name not in bucketed)]
+    projection's gradient all-reduce, say): held back, they would push it to the end, exposed.
+    ``waited``: :func:`.reorder.waited_collectives`, when the caller has it."""
+    waited = waited_collectives(problem) if waited is None else waited
+    fillers = filler_ops(problem, waited)
+    units = issued_units(problem, schedule)
     rt = {u: problem.bucket_runtime_ns(u) for u in units}
-    waited = waited_collectives(problem)
     limit = max((rt[u] for u in units if any(m in waited for m in u)), default=0)
     urgent = 0
     for u in units:
@@ -293,11 +294,11 @@ def pipeline_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_byt
     ``deadline`` (a ``time.perf_counter()`` value) stops the ladder early.
     """
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
-    fillers = pipeline_fillers_of(problem, schedule)
+    waited_names = waited_collectives(problem)
+    fillers = pipeline_fillers_of(problem, schedule, waited_names)
     if not fillers or not problem.collectives:
         return schedule
     best, res = schedule, simulate(problem, schedule)
-    waited_names = waited_collectives(problem)
     waited = sorted(c.runtime_ns for c in problem.collectives if c.name in waited_names) or [0]
     median = waited[len(waited) // 2]
     settings = [(None, False, w) for w in keep_windows] + [(None, True, keep_windows[-1]),

@@ -104,14 +104,15 @@ def waited_collectives(problem: ScheduleProblem) -> frozenset[str]:
     return frozenset(c.name for c in problem.collectives if feeds[problem.index[problem.wait_of[c.name]]])
 
 
-def filler_ops(problem: ScheduleProblem) -> frozenset[str]:
+def filler_ops(problem: ScheduleProblem, waited: frozenset[str] | None = None) -> frozenset[str]:
     """Positive-cost compute that no collective some compute waits for depends on (weight
-    gradients: they feed only gradient reductions and the graph's outputs)."""
-    waited = 0  # ancestors of collectives whose wait feeds positive-cost compute
-    for c in waited_collectives(problem):
-        waited |= problem.ancestors[problem.index[c]]
+    gradients: they feed only gradient reductions and the graph's outputs). ``waited``:
+    :func:`waited_collectives`, when the caller has it."""
+    fed = 0  # ancestors of collectives whose wait feeds positive-cost compute
+    for c in waited_collectives(problem) if waited is None else waited:
+        fed |= problem.ancestors[problem.index[c]]
     return frozenset(op.name for i, op in enumerate(problem.ops)
-                     if op.kind is OpKind.COMPUTE and op.runtime_ns > 0 and not waited >> i & 1)
+                     if op.kind is OpKind.COMPUTE and op.runtime_ns > 0 and not fed >> i & 1)
 
 
 def defer_independent(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,

@@ -143,17 +143,20 @@ def _check_buckets(problem: ScheduleProblem, schedule: Schedule, pos: dict[str, 
     return out
 
 
+def issued_units(problem: ScheduleProblem, schedule: Schedule) -> list[tuple[str, ...]]:
+    """What the schedule issues: each bucket, then each collective in no bucket (alone)."""
+    bucketed = {m for b in schedule.buckets for m in b}
+    return [tuple(b) for b in schedule.buckets] + [(c.name,) for c in problem.collectives if c.name not in bucketed]
+
+
 def placements(problem: ScheduleProblem, schedule: Schedule) -> list[BucketPlacement]:
     """Issue and wait positions of every bucket and lone collective, sorted by issue position.
 
     Assumes ``schedule`` is valid (see :func:`check_schedule`).
     """
     pos = {name: i for i, name in enumerate(schedule.order)}
-    bucketed = {m for b in schedule.buckets for m in b}
-    groups = [tuple(b) for b in schedule.buckets]
-    groups += [(c.name,) for c in problem.collectives if c.name not in bucketed]
     out = []
-    for members in groups:
+    for members in issued_units(problem, schedule):
         ordered = tuple(sorted(members, key=problem.index.__getitem__))
         out.append(BucketPlacement(
             members=ordered,
