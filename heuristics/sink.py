@@ -34,7 +34,7 @@ from .overlap import original_peak
 log = logging.getLogger(__name__)
 
 
-def _sunk(problem: ScheduleProblem, sched: Schedule, wait_pos: int) -> Schedule | None:
+def sunk(problem: ScheduleProblem, sched: Schedule, wait_pos: int) -> Schedule | None:
     """``sched`` with the wait at ``wait_pos`` and its dependents moved to just before the first
     positive-cost compute that depends on it; None when nothing would move or a bucket breaks."""
     order = sched.order
@@ -85,7 +85,7 @@ def _candidates(problem: ScheduleProblem, sched: Schedule, res: SimResult, later
         by_group.setdefault(t.group, []).append(t)
     rank = {t.members: (ts, k) for ts in by_group.values() for k, t in enumerate(ts)}
     for t in sorted((t for t in res.collectives if t.exposed_ns > 0), key=lambda t: -t.exposed_ns):
-        yield lambda t=t: _sunk(problem, sched, t.wait_pos)
+        yield lambda t=t: sunk(problem, sched, t.wait_pos)
         ts, k = rank[t.members]
         prev = ts[k - 1] if k else None
         if t.fifo_delay_ns > 0 and prev is not None and len(prev.members) == 1:

@@ -35,6 +35,7 @@ from ortools.sat.python import cp_model
 
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
+from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.fill import fill_stalls
 from ..heuristics.reorder import defer_independent
 from ..heuristics.pipeline import pipeline_fillers
@@ -228,8 +229,27 @@ def solve(
     hint: Schedule | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> Result:
-    """Schedule ``problem`` with CP-SAT within ``time_budget_s`` (see module docstring)."""
+    """Schedule ``problem`` with CP-SAT within ``time_budget_s`` (see module docstring).
+
+    The answer's runs of stalled waits are then reordered so that fewer collectives show the
+    same stall (:func:`..heuristics.concentrate.concentrate_stalls`; makespan and peak no worse),
+    with fewer tries on larger graphs and, on a wall clock, within 2% of the budget past it.
+    """
     t0 = time.perf_counter()
+    res = _solve(problem, time_budget_s, config, hint, progress, t0)
+    if res.status is Status.INFEASIBLE:
+        return res
+    tries = max(4, int(64 * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
+    deadline = None if config.deterministic else max(time.perf_counter(), t0 + time_budget_s) + 0.02 * time_budget_s
+    sched = concentrate_stalls(problem, res.schedule, max_tries=tries, deadline=deadline)
+    if sched is res.schedule:
+        return res
+    return dataclasses.replace(res, schedule=sched, peak_memory_bytes=simulate(problem, sched).peak_memory_bytes,
+                               runtime=time.perf_counter() - t0)
+
+
+def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, hint: Schedule | None,
+           progress: Callable[[Progress], None] | None, t0: float) -> Result:
     budget = resolve_budget(problem, config.memory_budget)
     if problem.link_contention:
         log.warning("solve: link contention %.2f is not modelled; the simulator scores it", problem.link_contention)

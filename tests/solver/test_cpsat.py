@@ -230,3 +230,16 @@ def test_model_keeps_fifo_between_items_with_disjoint_slots() -> None:
     assert s.Solve(b.model) == cp_model.OPTIMAL
     assert s.Value(b.v.makespan) == 1170
     assert simulate(p, decode(b, s)).makespan_ns == 1170
+
+
+def test_a_run_of_stalled_waits_shows_one_exposed_collective() -> None:
+    """Two 30 ns gathers on one group (0..30, 30..60) and 10 ns of independent compute: every
+    optimal schedule stalls from 10 to 60 (makespan 65). solve() waits on the later one first, so
+    only it is exposed (tests/heuristics/test_concentrate.py derives the problem)."""
+    from tests.heuristics.test_concentrate import _two_gathers
+
+    p = _two_gathers()
+    for mode in ("fixed", "free"):
+        r = solve(p, 2, SolveConfig(mode=mode, **EXACT))
+        res = simulate(p, r.schedule)
+        assert (r.objective, res.makespan_ns, res.n_hidden_hideable, res.n_hideable) == (65, 65, 1, 2)

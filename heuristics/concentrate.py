@@ -1,0 +1,111 @@
+"""Fewer exposed collectives at the same makespan: let a run of stalled waits stall once.
+
+Entry point: :func:`concentrate_stalls`. Waiting on a collective stalls the compute stream until
+it ends. When several waits follow each other with no compute between them (a schedule's tail,
+say), the stream resumes when the latest of their collectives ends, whatever their order. But
+in the order their collectives end, every wait shows a stall of its own and every one of those
+collectives counts as exposed. Waiting on the latest-ending one first takes the whole stall;
+the others have ended by then and are hidden. Makespan and exposed time stay the same; the
+count of exposed collectives (DESIGN.md's "hidden" and "hideable" counts) drops.
+
+Two moves, each scored by the simulator and kept only when the makespan and the peak memory do
+not grow and more hideable collectives are hidden:
+
+* **reorder a run**: each maximal run of waits and zero-cost ops with two or more stalled waits
+  becomes its waits, latest end first, then its zero-cost ops in their old order (waits depend
+  only on their collectives, issued before the run; zero-cost ops that read a wait come after
+  it);
+* **sink then reorder**: a stalled wait, with what depends on it up to the first positive-cost
+  compute that needs it, moves there (:func:`..heuristics.sink.sunk`) and may join a later run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..solver.problem import OpKind, ScheduleProblem
+from ..solver.schedule import Schedule, check_schedule
+from ..solver.simulator import SimResult, simulate
+from .sink import sunk
+
+log = logging.getLogger(__name__)
+
+
+def _end_by_wait(problem: ScheduleProblem, res: SimResult) -> dict[str, int]:
+    """Each wait op's collective end time (a bucket's members share the bucket's)."""
+    wait_of = problem.wait_of
+    return {wait_of[m]: t.end_ns for t in res.collectives for m in t.members}
+
+
+def _runs(problem: ScheduleProblem, order: tuple[str, ...]) -> list[tuple[int, int]]:
+    """Maximal ``[start, stop)`` position ranges holding only waits and zero-cost ops, two waits or more."""
+    ops = problem.op_by_name
+    out, start, waits = [], None, 0
+    for p, name in enumerate(order + ("",)):
+        kind = ops[name].kind if name else None
+        if kind in (OpKind.WAIT, OpKind.ZERO):
+            start = p if start is None else start
+            waits += kind is OpKind.WAIT
+            continue
+        if start is not None and waits >= 2:
+            out.append((start, p))
+        start, waits = None, 0
+    return out
+
+
+def reordered_runs(problem: ScheduleProblem, schedule: Schedule, res: SimResult) -> Schedule:
+    """``schedule`` with every run of waits that stalls more than once ordered latest end first."""
+    ops = problem.op_by_name
+    end = _end_by_wait(problem, res)
+    stalled = {problem.wait_of[m] for t in res.collectives if t.exposed_ns > 0 for m in t.members}
+    order = list(schedule.order)
+    for a, b in _runs(problem, schedule.order):
+        run = order[a:b]
+        if sum(n in stalled for n in run) < 2:
+            continue
+        waits = sorted((n for n in run if ops[n].kind is OpKind.WAIT), key=lambda n: -end[n])  # stable
+        order[a:b] = waits + [n for n in run if ops[n].kind is not OpKind.WAIT]
+    return Schedule(tuple(order), schedule.buckets, schedule.multi_dtype)
+
+
+def _no_worse(res: SimResult, best: SimResult) -> bool:
+    return (res.makespan_ns <= best.makespan_ns and res.peak_memory_bytes <= best.peak_memory_bytes
+            and res.n_hidden_hideable > best.n_hidden_hideable)
+
+
+def concentrate_stalls(problem: ScheduleProblem, schedule: Schedule, *, max_tries: int = 64,
+                       deadline: float | None = None) -> Schedule:
+    """``schedule`` with fewer exposed hideable collectives, at no greater makespan or peak memory.
+
+    First the runs of stalled waits are reordered; then each stalled wait, most exposed first and
+    at most ``max_tries`` of them, is tried sunk to the compute that needs it with the runs
+    reordered again. ``deadline`` (a ``time.perf_counter()`` value) stops the tries early.
+    """
+    best, res = schedule, simulate(problem, schedule)
+    cand = reordered_runs(problem, best, res)
+    if cand.order != best.order and not check_schedule(problem, cand):
+        r = simulate(problem, cand)
+        if _no_worse(r, res):
+            best, res = cand, r
+    tried: set[str] = set()
+    for _ in range(max_tries):
+        stalled = [t for t in res.collectives if t.exposed_ns > 0]
+        untried = sorted((t for t in stalled if t.members[0] not in tried), key=lambda t: -t.exposed_ns)
+        if len(stalled) < 2 or not untried or (deadline is not None and time.perf_counter() > deadline):
+            break
+        t = untried[0]
+        tried.add(t.members[0])
+        moved = sunk(problem, best, t.wait_pos)
+        if moved is None:
+            continue
+        cand = reordered_runs(problem, moved, simulate(problem, moved))
+        if check_schedule(problem, cand):
+            continue
+        r = simulate(problem, cand)
+        if _no_worse(r, res):
+            best, res = cand, r
+    if best is not schedule:
+        log.debug("concentrate_stalls %s: %d of %d hideable collectives hidden", problem.name,
+                  res.n_hidden_hideable, res.n_hideable)
+    return best
