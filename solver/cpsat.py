@@ -33,21 +33,23 @@ from enum import Enum
 
 from ortools.sat.python import cp_model
 
-from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
-from ..heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
 from ..heuristics.concentrate import concentrate_stalls
-from ..heuristics.fill import fill_stalls
-from ..heuristics.reorder import defer_independent
-from ..heuristics.pipeline import pipeline_fillers
-from ..heuristics.sink import sink_stalled_waits
+from ..heuristics.overlap import original_peak
 from .bounds import makespan_lower_bound
-from .cpsat_frame import Frame, FrameOptions, bucket_size_bytes, build_frame, order_pairs
+from .cpsat_frame import (
+    Frame,
+    FrameOptions,
+    bucket_size_bytes,
+    build_frame,
+    order_pairs,
+)
 from .cpsat_model import ModelBuilder
 from .layer_replay import LayerReplayer
 from .layers import DEFAULT_LAYER_PATTERN, LayerStructure, detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
+from .warm_start import DEFER_MOVES_PER_S, DEFER_REF_OPS, WARM_START_SHARE, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -142,73 +144,6 @@ def resolve_budget(problem: ScheduleProblem, budget: float | None) -> int:
     if isinstance(budget, int):
         return budget
     return int(original_peak(problem) * (1.0 if budget is None else budget))
-
-
-WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graphs want larger buckets
-WARM_START_SHARE = 0.6
-DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
-DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
-
-
-def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
-               deadline: float | None = None, defer_moves: int = 16) -> tuple[str, Schedule]:
-    """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
-    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``);
-    then stalled waits sunk. In free mode, then: stalls filled with ready compute, independent
-    compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
-    held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), deferred
-    again, stalls filled and waits sunk. The two deferrals share ``defer_moves`` tries (and, with
-    a ``deadline``, the time left). With a ``deadline`` (wall-clock solves only) the tries after
-    the first, and the later steps, stop once it has passed."""
-    oc = OverlapConfig(memory_budget_bytes=budget_bytes)
-    tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
-    if config.bucketing and not config.plan:
-        # no cap in the model is not "one bucket" for the greedy bucketer: try its default and larger
-        caps = (config.bucket_cap_bytes,) if config.bucket_cap_bytes is not None else WARM_START_CAPS
-        for cap in caps:
-            tries.append((f"bucket+overlap@{cap >> 20}MiB", lambda cap=cap: bucketed_overlap(
-                problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc)))
-    best: tuple[tuple[bool, int, int], str, Schedule] | None = None
-    first_s = 0.0
-    for name, fn in tries:
-        # a bucketed try costs about 1.5x the first: skip what cannot finish before the deadline
-        if best is not None and deadline is not None and time.perf_counter() + 1.5 * first_s > deadline:
-            log.info("warm start %s: no time left for %s", problem.name, name)
-            break
-        t = time.perf_counter()
-        sched = fn()
-        first_s = first_s or time.perf_counter() - t
-        r = simulate(problem, sched)
-        key = (r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes)
-        if best is None or key < best[0]:
-            best = (key, name, sched)
-    assert best is not None
-    name, sched = best[1], best[2]
-    # the two deferral passes share the moves (deterministic) or the time (wall clock) evenly
-    half_moves = max(8, defer_moves // 2)
-    mid = None if deadline is None else time.perf_counter() + 0.5 * max(0.0, deadline - time.perf_counter())
-
-    def sink(s: Schedule) -> Schedule:
-        return sink_stalled_waits(problem, s, budget_bytes=budget_bytes, deadline=deadline)
-
-    def fill(s: Schedule) -> Schedule:
-        return fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)
-
-    def defer(until: float | None) -> Callable[[Schedule], Schedule]:
-        return lambda s: defer_independent(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=until)
-
-    def pipeline(s: Schedule) -> Schedule:
-        return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)
-
-    steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink)]
-    if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
-        steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
-                  ("pipeline", pipeline), ("defer", defer(deadline)), ("fill", fill), ("sink", sink)]
-    for step, fn in steps:
-        new = fn(sched)
-        if new != sched:
-            name, sched = f"{name}+{step}", new
-    return name, sched
 
 
 class _Callback(cp_model.CpSolverSolutionCallback):
@@ -375,12 +310,16 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
     stats: dict[str, int] = {"full_order_pairs": full_pairs, "rounds": 0, "improved": 0}
-    # a round has a fixed cost (model build, presolve, reaching the hint) of a few seconds on large
-    # graphs. Deterministic: lns_rounds, but no more than the budget has MIN_ROUND_S seconds
-    # (decided from the budget, not the clock). Wall clock: rounds until the time or the windows
-    # run out.
+    # a round has a fixed cost (model build, presolve, reaching the hint) that grows with the
+    # graph: about ROUND_S_PER_ITEM seconds per item of the full frame (44 s a round on the
+    # 80-layer backward's 15k items). Deterministic: lns_rounds, but no more than the budget has
+    # rounds of that cost, or of MIN_ROUND_S, and none when one round costs more than the whole
+    # budget (decided from the budget and the size, not the clock); a round's deterministic time
+    # shrinks past LNS_REF_ITEMS items, where CP-SAT's units take longer (about 19 s each on the
+    # 80-layer backward, 4-5 s on 2k items). Wall clock: rounds until the time or the windows run out.
+    n_items = len(full.items)
     if config.deterministic:
-        rounds = max(1, min(config.lns_rounds, int(time_budget_s // MIN_ROUND_S)))
+        rounds, round_s = deterministic_rounds(config.lns_rounds, time_budget_s, n_items)
     else:
         rounds = max(1, len(problem.collectives))
     tried: set[tuple[str, ...]] = set()
@@ -422,7 +361,8 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
         if not config.deterministic and left <= 0:
             break
         # wall clock: rounds of at least MIN_ROUND_S (a window model needs ~1-3 s to reach its hint)
-        round_s = time_budget_s / rounds if config.deterministic else min(left, max(MIN_ROUND_S, left / 3))
+        if not config.deterministic:
+            round_s = min(left, max(MIN_ROUND_S, left / 3))
         solver = _solver(config, round_s, lns=True)
         status = solver.Solve(builder.model, _Callback(progress, t0))
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -446,7 +386,20 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                   exact=not problem.link_contention, stats=stats)
 
 
+def deterministic_rounds(max_rounds: int, time_budget_s: float, n_items: int) -> tuple[int, float]:
+    """``(rounds, seconds of budget per round)`` for a deterministic neighbourhood search over a
+    frame of ``n_items`` (see :func:`_neighbourhood_solve`); 0 rounds when one would cost more
+    than the budget, unless the graph is small (a round of ``MIN_ROUND_S``)."""
+    round_cost_s = max(MIN_ROUND_S, ROUND_S_PER_ITEM * n_items)
+    rounds = min(max_rounds, int(time_budget_s // round_cost_s))
+    if rounds == 0 and round_cost_s == MIN_ROUND_S:
+        rounds = 1
+    return rounds, (time_budget_s / rounds * min(1.0, LNS_REF_ITEMS / n_items) if rounds else 0.0)
+
+
 MIN_ROUND_S = 4.0
+ROUND_S_PER_ITEM = 0.003  # deterministic rounds: measured wall cost of a window round per frame item
+LNS_REF_ITEMS = 2000  # deterministic rounds: their units shrink in proportion past this many items
 MAX_RADIUS_FACTOR = 8  # windows stop widening at this multiple of lns_radius
 
 
@@ -493,6 +446,10 @@ def _solver(config: SolveConfig, time_s: float, lns: bool = False) -> cp_model.C
     if lns:  # window models are large and hinted: spend the time searching, not presolving
         prm.cp_model_probing_level = 0
         prm.symmetry_level = 0
+        if config.deterministic:  # nor on LP bounds, which a window's model does not report:
+            # these two interleaved LP workers ran 27 s and 6 s of wall time for 0.11 and 0.05
+            # deterministic units on a window of the tp backward (1.25 units then took 50 s)
+            prm.ignore_subsolvers.extend(["reduced_costs", "max_lp"])
     prm.random_seed = config.seed
     prm.num_workers = config.workers
     if config.deterministic:

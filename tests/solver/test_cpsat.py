@@ -243,3 +243,18 @@ def test_a_run_of_stalled_waits_shows_one_exposed_collective() -> None:
         r = solve(p, 2, SolveConfig(mode=mode, **EXACT))
         res = simulate(p, r.schedule)
         assert (r.objective, res.makespan_ns, res.n_hidden_hideable, res.n_hideable) == (65, 65, 1, 2)
+
+
+def test_deterministic_rounds_fit_the_budget() -> None:
+    """A round costs max(MIN_ROUND_S, ROUND_S_PER_ITEM per frame item): 0.003 s x 15,410 items =
+    46.2 s (the 80-layer backward) does not fit 30 s, so no round; 1,656 items (4.97 s) fit 12
+    times in 60 s, capped at 8 rounds of 7.5 s; a 100-item graph gets one round even on 2 s. Past
+    2,000 items a round's seconds shrink in proportion: 46.2 s fits once in 60 s, with
+    60 x 2000 / 15410 = 7.79 s of deterministic budget."""
+    from fxsched.solver.cpsat import deterministic_rounds
+
+    assert deterministic_rounds(8, 30.0, 15_410) == (0, 0.0)
+    assert deterministic_rounds(8, 60.0, 1_656) == (8, 7.5)
+    assert deterministic_rounds(8, 2.0, 100) == (1, 2.0)
+    rounds, round_s = deterministic_rounds(8, 60.0, 15_410)
+    assert rounds == 1 and round_s == pytest.approx(60 * 2000 / 15_410)

@@ -1,0 +1,90 @@
+"""The heuristic warm start of :func:`.cpsat.solve`: the best greedy schedule within the memory
+budget, always given to CP-SAT as its hint and returned when CP-SAT finds nothing better."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
+from ..heuristics.fill import fill_stalls
+from ..heuristics.overlap import OverlapConfig, overlap_schedule
+from ..heuristics.pipeline import pipeline_fillers
+from ..heuristics.reorder import defer_independent
+from ..heuristics.sink import sink_stalled_waits
+from .problem import ScheduleProblem
+from .schedule import Schedule
+from .simulator import simulate
+
+if TYPE_CHECKING:
+    from .cpsat import SolveConfig
+
+log = logging.getLogger(__name__)
+
+WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graphs want larger buckets
+WARM_START_SHARE = 0.6
+DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
+DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
+
+
+def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
+               deadline: float | None = None, defer_moves: int = 16) -> tuple[str, Schedule]:
+    """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
+    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``);
+    then stalled waits sunk. In free mode, then: stalls filled with ready compute, independent
+    compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
+    held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), deferred
+    again, stalls filled and waits sunk. The two deferrals share ``defer_moves`` tries (and, with
+    a ``deadline``, the time left). With a ``deadline`` (wall-clock solves only) the tries after
+    the first, and the later steps, stop once it has passed."""
+    oc = OverlapConfig(memory_budget_bytes=budget_bytes)
+    tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
+    if config.bucketing and not config.plan:
+        # no cap in the model is not "one bucket" for the greedy bucketer: try its default and larger
+        caps = (config.bucket_cap_bytes,) if config.bucket_cap_bytes is not None else WARM_START_CAPS
+        for cap in caps:
+            tries.append((f"bucket+overlap@{cap >> 20}MiB", lambda cap=cap: bucketed_overlap(
+                problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc)))
+    best: tuple[tuple[bool, int, int], str, Schedule] | None = None
+    first_s = 0.0
+    for name, fn in tries:
+        # a bucketed try costs about 1.5x the first: skip what cannot finish before the deadline
+        if best is not None and deadline is not None and time.perf_counter() + 1.5 * first_s > deadline:
+            log.info("warm start %s: no time left for %s", problem.name, name)
+            break
+        t = time.perf_counter()
+        sched = fn()
+        first_s = first_s or time.perf_counter() - t
+        r = simulate(problem, sched)
+        key = (r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes)
+        if best is None or key < best[0]:
+            best = (key, name, sched)
+    assert best is not None
+    name, sched = best[1], best[2]
+    # the two deferral passes share the moves (deterministic) or the time (wall clock) evenly
+    half_moves = max(8, defer_moves // 2)
+    mid = None if deadline is None else time.perf_counter() + 0.5 * max(0.0, deadline - time.perf_counter())
+
+    def sink(s: Schedule) -> Schedule:
+        return sink_stalled_waits(problem, s, budget_bytes=budget_bytes, deadline=deadline)
+
+    def fill(s: Schedule) -> Schedule:
+        return fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)
+
+    def defer(until: float | None) -> Callable[[Schedule], Schedule]:
+        return lambda s: defer_independent(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=until)
+
+    def pipeline(s: Schedule) -> Schedule:
+        return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)
+
+    steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink)]
+    if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
+        steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
+                  ("pipeline", pipeline), ("defer", defer(deadline)), ("fill", fill), ("sink", sink)]
+    for step, fn in steps:
+        new = fn(sched)
+        if new != sched:
+            name, sched = f"{name}+{step}", new
+    return name, sched
