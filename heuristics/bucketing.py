@@ -240,6 +240,7 @@ def bucketed_overlap(
     multi_dtype: bool = False,
     exposed_first: bool = False,
     config: OverlapConfig = DEFAULT_OVERLAP,
+    base: Schedule | None = None,
 ) -> Schedule:
     """:func:`bucket_greedy`, then :func:`overlap_schedule` places the buckets.
 
@@ -247,10 +248,11 @@ def bucketed_overlap(
     original order's peak). The bucketed schedule is kept only when it simulates to a
     strictly smaller makespan than the unbucketed ``overlap_schedule`` and its peak memory
     is within ``max(budget, unbucketed peak)``; otherwise the unbucketed schedule is returned
-    (bucketing is not always a win: copy-in/out cost compute time and buffers).
+    (bucketing is not always a win: copy-in/out cost compute time and buffers). ``base``: that
+    unbucketed schedule when the caller has it already (same ``config``; 7.5 s on 80 layers).
     """
     pl = Placement(problem, config.move_chains)
-    base = overlap_schedule(problem, config=config, placement=pl)
+    base = overlap_schedule(problem, config=config, placement=pl) if base is None else base
     buckets = bucket_greedy(problem, cap_bytes=cap_bytes, multi_dtype=multi_dtype,
                             exposed_first=exposed_first, schedule=base, placement=pl)
     if not buckets:

@@ -27,12 +27,15 @@ WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graph
 WARM_START_SHARE = 0.6
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
+BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
 
 
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
-    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``);
+    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``;
+    not when the unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute,
+    since buckets can save no more than the exposed time);
     then stalled waits sunk. In free mode, then: stalls filled with ready compute, independent
     compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
     held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), deferred
@@ -40,13 +43,19 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     a ``deadline``, the time left). With a ``deadline`` (wall-clock solves only) the tries after
     the first, and the later steps, stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
-    tries = [("overlap", lambda: overlap_schedule(problem, config=oc))]
+    base: list[Schedule] = []  # the unbucketed overlap schedule, which the bucketed tries compare with
+
+    def unbucketed() -> Schedule:
+        base.append(overlap_schedule(problem, config=oc))
+        return base[0]
+
+    tries = [("overlap", unbucketed)]
     if config.bucketing and not config.plan:
         # no cap in the model is not "one bucket" for the greedy bucketer: try its default and larger
         caps = (config.bucket_cap_bytes,) if config.bucket_cap_bytes is not None else WARM_START_CAPS
         for cap in caps:
             tries.append((f"bucket+overlap@{cap >> 20}MiB", lambda cap=cap: bucketed_overlap(
-                problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc)))
+                problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc, base=base[0])))
     best: tuple[tuple[bool, int, int], str, Schedule] | None = None
     first_s = 0.0
     for name, fn in tries:
@@ -61,6 +70,10 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         key = (r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes)
         if best is None or key < best[0]:
             best = (key, name, sched)
+        if r.peak_memory_bytes <= budget_bytes and r.exposed_ns <= BUCKETING_MIN_EXPOSED * r.compute_ns:
+            # buckets add compute (copies) and can only save exposed time: little is left to save
+            log.info("warm start %s: %s exposes %d ns; no bucketed tries", problem.name, name, r.exposed_ns)
+            break
     assert best is not None
     name, sched = best[1], best[2]
     # the two deferral passes share the moves (deterministic) or the time (wall clock) evenly

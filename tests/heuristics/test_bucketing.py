@@ -294,3 +294,14 @@ def test_seeded_buckets_valid_with_all_kinds() -> None:
                 assert max(pl.units[m].earliest for m in b) <= min(pl.units[m].need for m in b)
             if all(u.earliest <= u.need for u in pl.units.values()):
                 assert_valid_with(p, buckets, multi_dtype)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_given_base_is_the_unbucketed_schedule(seed: int) -> None:
+    """Passing the unbucketed overlap schedule as ``base`` changes nothing but the work done."""
+    from tiny_instances import tiny_problems
+
+    for p in tiny_problems(4, seed=100 + seed):
+        cfg = OverlapConfig(memory_budget_bytes=original_peak(p))
+        base = overlap_schedule(p, config=cfg)
+        assert bucketed_overlap(p, config=cfg, base=base) == bucketed_overlap(p, config=cfg)

@@ -258,3 +258,25 @@ def test_deterministic_rounds_fit_the_budget() -> None:
     assert deterministic_rounds(8, 2.0, 100) == (1, 2.0)
     rounds, round_s = deterministic_rounds(8, 60.0, 15_410)
     assert rounds == 1 and round_s == pytest.approx(60 * 2000 / 15_410)
+
+
+def test_warm_start_skips_bucketing_when_little_is_exposed(monkeypatch) -> None:
+    """c (100 ns) beside x (1,000 ns of independent compute): the unbucketed overlap schedule
+    hides it (0 exposed), and buckets can save no more than the exposed time, so the bucketed
+    tries are not run. With c at 500 ns and x at 100 ns, 400 ns stay exposed (far over 0.25% of
+    the 110 ns of compute), so both run (one per WARM_START_CAPS)."""
+    import fxsched.solver.warm_start as ws
+    from fxsched.solver.cpsat import warm_start
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    calls: list[int] = []
+    real = ws.bucketed_overlap
+    monkeypatch.setattr(ws, "bucketed_overlap", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hidden = make_problem([coll("c", "A", AG, runtime_ns=100), compute("x", 1_000, heavy=True),
+                           wait("w", "c"), compute("y", 10, deps=["w", "x"], heavy=True)])
+    assert simulate(hidden, warm_start(hidden, 10**12, SolveConfig())[1]).exposed_ns == 0
+    assert calls == []
+    exposed = make_problem([coll("c", "A", AG, runtime_ns=500), compute("x", 100, heavy=True),
+                            wait("w", "c"), compute("y", 10, deps=["w", "x"], heavy=True)])
+    assert simulate(exposed, warm_start(exposed, 10**12, SolveConfig())[1]).exposed_ns == 400
+    assert len(calls) == 2  # WARM_START_CAPS
