@@ -69,9 +69,16 @@ def reordered_runs(problem: ScheduleProblem, schedule: Schedule, res: SimResult)
     return Schedule(tuple(order), schedule.buckets, schedule.multi_dtype)
 
 
-def _no_worse(res: SimResult, best: SimResult) -> bool:
-    return (res.makespan_ns <= best.makespan_ns and res.peak_memory_bytes <= best.peak_memory_bytes
-            and res.n_hidden_hideable > best.n_hidden_hideable)
+def _kept(problem: ScheduleProblem, cand: Schedule, res: SimResult) -> SimResult | None:
+    """``cand``'s result when it is valid, no longer and no higher in peak than ``res``, and hides
+    more hideable collectives; else None."""
+    if check_schedule(problem, cand):
+        return None
+    r = simulate(problem, cand)
+    if (r.makespan_ns <= res.makespan_ns and r.peak_memory_bytes <= res.peak_memory_bytes
+            and r.n_hidden_hideable > res.n_hidden_hideable):
+        return r
+    return None
 
 
 def concentrate_stalls(problem: ScheduleProblem, schedule: Schedule, *, max_tries: int = 64,
@@ -84,10 +91,8 @@ def concentrate_stalls(problem: ScheduleProblem, schedule: Schedule, *, max_trie
     """
     best, res = schedule, simulate(problem, schedule)
     cand = reordered_runs(problem, best, res)
-    if cand.order != best.order and not check_schedule(problem, cand):
-        r = simulate(problem, cand)
-        if _no_worse(r, res):
-            best, res = cand, r
+    if cand.order != best.order and (r := _kept(problem, cand, res)) is not None:
+        best, res = cand, r
     tried: set[str] = set()
     for _ in range(max_tries):
         stalled = [t for t in res.collectives if t.exposed_ns > 0]
@@ -100,10 +105,7 @@ def concentrate_stalls(problem: ScheduleProblem, schedule: Schedule, *, max_trie
         if moved is None:
             continue
         cand = reordered_runs(problem, moved, simulate(problem, moved))
-        if check_schedule(problem, cand):
-            continue
-        r = simulate(problem, cand)
-        if _no_worse(r, res):
+        if (r := _kept(problem, cand, res)) is not None:
             best, res = cand, r
     if best is not schedule:
         log.debug("concentrate_stalls %s: %d of %d hideable collectives hidden", problem.name,

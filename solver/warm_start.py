@@ -43,38 +43,30 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     a ``deadline``, the time left). With a ``deadline`` (wall-clock solves only) the tries after
     the first, and the later steps, stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
-    base: list[Schedule] = []  # the unbucketed overlap schedule, which the bucketed tries compare with
-
-    def unbucketed() -> Schedule:
-        base.append(overlap_schedule(problem, config=oc))
-        return base[0]
-
-    tries = [("overlap", unbucketed)]
+    t = time.perf_counter()
+    base = overlap_schedule(problem, config=oc)  # the bucketed tries compare with it
+    first_s = time.perf_counter() - t
+    r = simulate(problem, base)
+    best = ((r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes), "overlap", base)
+    caps: tuple[int, ...] = ()
     if config.bucketing and not config.plan:
         # no cap in the model is not "one bucket" for the greedy bucketer: try its default and larger
         caps = (config.bucket_cap_bytes,) if config.bucket_cap_bytes is not None else WARM_START_CAPS
-        for cap in caps:
-            tries.append((f"bucket+overlap@{cap >> 20}MiB", lambda cap=cap: bucketed_overlap(
-                problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc, base=base[0])))
-    best: tuple[tuple[bool, int, int], str, Schedule] | None = None
-    first_s = 0.0
-    for name, fn in tries:
+    if caps and r.peak_memory_bytes <= budget_bytes and r.exposed_ns <= BUCKETING_MIN_EXPOSED * r.compute_ns:
+        # buckets add compute (copies) and can only save exposed time: little is left to save
+        log.info("warm start %s: overlap exposes %d ns; no bucketed tries", problem.name, r.exposed_ns)
+        caps = ()
+    for cap in caps:
+        name = f"bucket+overlap@{cap >> 20}MiB"
         # a bucketed try costs about 1.5x the first: skip what cannot finish before the deadline
-        if best is not None and deadline is not None and time.perf_counter() + 1.5 * first_s > deadline:
+        if deadline is not None and time.perf_counter() + 1.5 * first_s > deadline:
             log.info("warm start %s: no time left for %s", problem.name, name)
             break
-        t = time.perf_counter()
-        sched = fn()
-        first_s = first_s or time.perf_counter() - t
+        sched = bucketed_overlap(problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc, base=base)
         r = simulate(problem, sched)
         key = (r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes)
-        if best is None or key < best[0]:
+        if key < best[0]:
             best = (key, name, sched)
-        if r.peak_memory_bytes <= budget_bytes and r.exposed_ns <= BUCKETING_MIN_EXPOSED * r.compute_ns:
-            # buckets add compute (copies) and can only save exposed time: little is left to save
-            log.info("warm start %s: %s exposes %d ns; no bucketed tries", problem.name, name, r.exposed_ns)
-            break
-    assert best is not None
     name, sched = best[1], best[2]
     # the two deferral passes share the moves (deterministic) or the time (wall clock) evenly
     half_moves = max(8, defer_moves // 2)
