@@ -320,11 +320,19 @@ def pipeline_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_byt
             if r.peak_memory_bytes <= budget:
                 best, res = cand, r
                 break
-            over = next(k for k, m in enumerate(r.memory_curve) if m > budget)
-            hit = [k for k, (lo, hi) in enumerate(keep) if lo <= over < hi]
-            if hit:  # the fillers held back before that window raised it: reach further back
-                lo, hi = keep[hit[0]]
-                keep = (*keep[:hit[0]], (max(0, lo - window), hi), *keep[hit[0] + 1:])
-            else:
-                keep = (*keep, (max(0, over - window), over + 1))
+            keep = widen_keep(keep, next(k for k, m in enumerate(r.memory_curve) if m > budget), window)
     return best
+
+
+def widen_keep(keep: tuple[tuple[int, int], ...], over: int, window: int,
+               grow: bool = False) -> tuple[tuple[int, int], ...]:
+    """``keep`` ranges after a rebuild first ran over the budget at position ``over``: a new range of
+    ``window`` ops ending there, or, when a range holds it already (what was held back before that
+    range raised it), that range reaching ``window`` ops further back (with ``grow``: half its
+    length, when that is more, so a long run over the budget takes fewer rebuilds)."""
+    hit = [k for k, (lo, hi) in enumerate(keep) if lo <= over < hi]
+    if hit:
+        lo, hi = keep[hit[0]]
+        reach = window if not grow else max(window, (hi - lo) // 2)
+        return (*keep[:hit[0]], (max(0, lo - reach), hi), *keep[hit[0] + 1:])
+    return (*keep, (max(0, over - window), over + 1))

@@ -49,7 +49,7 @@ from .layers import DEFAULT_LAYER_PATTERN, LayerStructure, detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
-from .warm_start import DEFER_MOVES_PER_S, DEFER_REF_OPS, WARM_START_SHARE, warm_start
+from .warm_start import CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, DEFER_REF_OPS, WARM_START_SHARE, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,9 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     # deterministic solves bound the deferral by the budget; wall-clock ones by the deadline
     scale = min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))
     moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096
-    h_name, h_sched = ("hint", hint) if hint is not None else warm_start(problem, budget, config, deadline, moves)
+    builds = max(8, int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)) if config.deterministic else None
+    h_name, h_sched = (("hint", hint) if hint is not None
+                       else warm_start(problem, budget, config, deadline, moves, builds))
     h_res = simulate(problem, h_sched)
     # a bound valid for every schedule (any order, any buckets): the floor of every reported bound
     floor_ns = makespan_lower_bound(problem).makespan_ns

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
+from ..heuristics.critical_path import critical_path_schedule
 from ..heuristics.fill import fill_stalls
 from ..heuristics.overlap import OverlapConfig, overlap_schedule
 from ..heuristics.pipeline import pipeline_fillers
@@ -27,20 +28,23 @@ WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graph
 WARM_START_SHARE = 0.6
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
+CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
 BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
 
 
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
-               deadline: float | None = None, defer_moves: int = 16) -> tuple[str, Schedule]:
+               deadline: float | None = None, defer_moves: int = 16,
+               critical_builds: int | None = None) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``;
     not when the unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute,
     since buckets can save no more than the exposed time);
     then stalled waits sunk. In free mode, then: stalls filled with ready compute, independent
     compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
-    held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), deferred
-    again, stalls filled and waits sunk. The two deferrals share ``defer_moves`` tries (and, with
-    a ``deadline``, the time left). With a ``deadline`` (wall-clock solves only) the tries after
+    held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), the order rebuilt
+    longest path first (:func:`..heuristics.critical_path.critical_path_schedule`, at most
+    ``critical_builds`` rebuilds; None: its default), deferred again, stalls filled and waits sunk.
+    The two deferrals share ``defer_moves`` tries (and, with a ``deadline``, the time left). With a ``deadline`` (wall-clock solves only) the tries after
     the first, and the later steps, stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     t = time.perf_counter()
@@ -84,10 +88,15 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     def pipeline(s: Schedule) -> Schedule:
         return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)
 
+    def critical(s: Schedule) -> Schedule:
+        return critical_path_schedule(problem, s, budget_bytes=budget_bytes, deadline=deadline,
+                                      max_builds=critical_builds)
+
     steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink)]
     if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
         steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
-                  ("pipeline", pipeline), ("defer", defer(deadline)), ("fill", fill), ("sink", sink)]
+                  ("pipeline", pipeline), ("critical", critical), ("defer", defer(deadline)), ("fill", fill),
+                  ("sink", sink)]
     for step, fn in steps:
         new = fn(sched)
         if new != sched:
