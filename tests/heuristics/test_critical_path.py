@@ -117,3 +117,4 @@ def test_valid_never_worse_within_budget(p) -> None:
     r = simulate(p, out)
     assert r.makespan_ns <= r0.makespan_ns
     assert r.peak_memory_bytes <= budget
+

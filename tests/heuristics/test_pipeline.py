@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from fxsched.heuristics.overlap import original_peak, overlap_schedule
-from fxsched.heuristics.pipeline import pipeline_fillers, pipeline_fillers_of, pipelined_order
+from fxsched.heuristics.pipeline import pipeline_fillers, pipeline_fillers_of, pipelined_order, widen_keep
 from fxsched.solver import Schedule, check_schedule, simulate
 
 from tests.solver.solver_builders import AG, AR, RS, coll, compute, make_problem, storage, wait
@@ -86,3 +86,14 @@ def test_valid_never_worse_within_budget(p) -> None:
     r = simulate(p, out)
     assert r.makespan_ns <= r0.makespan_ns
     assert r.peak_memory_bytes <= budget
+
+
+def test_widen_keep_by_hand() -> None:
+    """A first overrun at 20 keeps ops 15..20 (window 5); hit again inside that range, the range
+    reaches 5 further back (10..20); with ``grow`` a 40-op range reaches half its length back."""
+    assert widen_keep((), 20, 5) == ((15, 21),)
+    assert widen_keep(((15, 21),), 18, 5) == ((10, 21),)
+    assert widen_keep(((15, 21),), 30, 5) == ((15, 21), (25, 31))
+    assert widen_keep(((20, 60),), 30, 5) == ((15, 60),)
+    assert widen_keep(((20, 60),), 30, 5, grow=True) == ((0, 60),)
+    assert widen_keep(((2, 4),), 3, 5, grow=True) == ((0, 4),)

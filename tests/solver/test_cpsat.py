@@ -280,3 +280,34 @@ def test_warm_start_skips_bucketing_when_little_is_exposed(monkeypatch) -> None:
                             wait("w", "c"), compute("y", 10, deps=["w", "x"], heavy=True)])
     assert simulate(exposed, warm_start(exposed, 10**12, SolveConfig())[1]).exposed_ns == 400
     assert len(calls) == 2  # WARM_START_CAPS
+
+
+def test_warm_start_runs_critical_path_in_free_mode_only(monkeypatch) -> None:
+    """The warm start calls heuristics.critical_path in free mode with the rebuild count it is
+    given; solve() gives a deterministic solve max(8, int(CRITICAL_BUILDS_PER_S (6) * budget))
+    rebuilds on a graph under DEFER_REF_OPS ops: 12 for 2 s, and None (the pass's default, under
+    a deadline) on a wall clock. Fixed mode keeps the heavy-compute order and never calls it.
+    Filler f (100) first, then x (10) feeding c (100) that y (10) waits for: longest path first
+    runs x, c, f, y: 120 ns, the total compute (the given order takes 220)."""
+    import fxsched.solver.warm_start as ws
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    seen: list[int | None] = []
+    real = ws.critical_path_schedule
+
+    def spy(problem, schedule, **kw):
+        seen.append(kw["max_builds"])
+        return real(problem, schedule, **kw)
+
+    monkeypatch.setattr(ws, "critical_path_schedule", spy)
+    p = make_problem([compute("f", 100, heavy=True), compute("x", 10, heavy=True),
+                      coll("c", "A", AG, runtime_ns=100, deps=["x"]), wait("w", "c"),
+                      compute("y", 10, deps=["w"], heavy=True)])
+    assert simulate(p, ws.warm_start(p, 10**12, SolveConfig(mode="free"), critical_builds=7)[1]).makespan_ns == 120
+    assert seen == [7]
+    ws.warm_start(p, 10**12, SolveConfig(mode="fixed"))
+    assert seen == [7]
+    solve(p, 2.0, SolveConfig(mode="free", workers=1))
+    assert seen == [7, 12]
+    solve(p, 2.0, SolveConfig(mode="free", workers=1, deterministic=False))
+    assert seen == [7, 12, None]
