@@ -190,10 +190,10 @@ def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budg
     median = times[len(times) // 2]
     best, res = schedule, simulate(problem, schedule)
     left = max_builds
-    for k, mult in enumerate(BACKLOG_MULTIPLES):
+    for i, mult in enumerate(BACKLOG_MULTIPLES):
         backlog = None if mult is None else mult * median
         keep: tuple[tuple[int, int], ...] = ()
-        for _ in range(max(1, left // (len(BACKLOG_MULTIPLES) - k))):  # a setting's unused builds go on
+        for _ in range(max(1, left // (len(BACKLOG_MULTIPLES) - i))):  # a setting's unused builds go on
             if deadline is not None and time.perf_counter() > deadline:
                 return best
             left -= 1
@@ -209,7 +209,8 @@ def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budg
                 if r.makespan_ns < res.makespan_ns:
                     best, res = cand, r
                 break
-            keep = widen_keep(keep, next(k for k, m in enumerate(r.memory_curve) if m > budget), KEEP_WINDOW, grow=True)
+            over = next(k for k, m in enumerate(r.memory_curve) if m > budget)
+            keep = widen_keep(keep, over, KEEP_WINDOW, grow=True)
     if best is not schedule:
         log.info("critical_path %s: makespan %d ns", problem.name, res.makespan_ns)
     return best

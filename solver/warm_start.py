@@ -44,8 +44,9 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), the order rebuilt
     longest path first (:func:`..heuristics.critical_path.critical_path_schedule`, at most
     ``critical_builds`` rebuilds; None: its default), deferred again, stalls filled and waits sunk.
-    The two deferrals share ``defer_moves`` tries (and, with a ``deadline``, the time left). With a ``deadline`` (wall-clock solves only) the tries after
-    the first, and the later steps, stop once it has passed."""
+    The two deferrals share ``defer_moves`` tries (and, with a ``deadline``, the time left). With a
+    ``deadline`` (wall-clock solves only) the tries after the first, and the later steps, stop once
+    it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     t = time.perf_counter()
     base = overlap_schedule(problem, config=oc)  # the bucketed tries compare with it
