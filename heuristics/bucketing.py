@@ -25,10 +25,10 @@ Nothing here imports torch or ortools.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..solver.problem import ScheduleProblem
-from ..solver.schedule import Schedule
+from ..solver.schedule import Schedule, placements
 from ..solver.simulator import simulate
 from .overlap import OverlapConfig, memory_budget, overlap_schedule
 from .placement import Placement
@@ -161,6 +161,7 @@ def bucket_greedy(
     exposed_first: bool = False,
     schedule: Schedule | None = None,
     placement: Placement | None = None,
+    headroom: Mapping[str, int] | None = None,
 ) -> tuple[Bucket, ...]:
     """Greedy size-capped buckets of compatible collectives.
 
@@ -181,6 +182,11 @@ def bucket_greedy(
     Both passes share the feasibility state. Without ``exposed_first``, ``schedule`` is
     ignored.
 
+    ``headroom``: per collective, bytes that a bucket holding it may take beyond its own size
+    (:func:`memory_headroom`): a bucket's cap is then the least of ``cap_bytes`` and each
+    member's size plus headroom, so buckets stay small where memory is tight and grow where it
+    frees up (comm-bound graphs, where every merge saves latency and per-byte cost).
+
     Members of each bucket are listed in original order; buckets in the order they were
     closed (deterministic for a given problem).
     """
@@ -200,7 +206,7 @@ def bucket_greedy(
     done: set[str] = set()
     out: list[list[str]] = []
     for names in passes:
-        open_: dict[tuple, tuple[list[str], int]] = {}  # key -> (members, size) of its open bucket
+        open_: dict[tuple, tuple[list[str], int, int]] = {}  # key -> (members, size, cap) of its open bucket
         for c in names:
             if c in done:
                 continue
@@ -208,16 +214,17 @@ def bucket_greedy(
             assert info is not None
             key = info.bucket_key(multi_dtype)
             size = max(info.bytes_in, info.bytes_out)
+            own_cap = cap_bytes if headroom is None else min(cap_bytes, size + headroom[c])
             cur = open_.get(key)
-            if cur is not None and cur[1] + size <= cap_bytes and feas.can_join(cur[0], c):
+            if cur is not None and cur[1] + size <= min(cur[2], own_cap) and feas.can_join(cur[0], c):
                 cur[0].append(c)
-                open_[key] = (cur[0], cur[1] + size)
+                open_[key] = (cur[0], cur[1] + size, min(cur[2], own_cap))
                 feas.join(cur[0])
                 continue
             if cur is not None:
                 _close(cur[0], out, done)
-            open_[key] = ([c], size)  # one larger than the cap stays alone: nothing fits beside it
-        for members, _ in open_.values():
+            open_[key] = ([c], size, own_cap)  # one larger than the cap stays alone: nothing fits beside it
+        for members, _, _ in open_.values():
             _close(members, out, done)
     idx = problem.index
     buckets = tuple(tuple(sorted(b, key=idx.__getitem__)) for b in out)
@@ -241,6 +248,7 @@ def bucketed_overlap(
     exposed_first: bool = False,
     config: OverlapConfig = DEFAULT_OVERLAP,
     base: Schedule | None = None,
+    headroom_share: float | None = None,
 ) -> Schedule:
     """:func:`bucket_greedy`, then :func:`overlap_schedule` places the buckets.
 
@@ -250,11 +258,15 @@ def bucketed_overlap(
     is within ``max(budget, unbucketed peak)``; otherwise the unbucketed schedule is returned
     (bucketing is not always a win: copy-in/out cost compute time and buffers). ``base``: that
     unbucketed schedule when the caller has it already (same ``config``; 7.5 s on 80 layers).
+    ``headroom_share``: cap each bucket by that share of its members' memory headroom in the
+    unbucketed schedule too (:func:`memory_headroom`).
     """
     pl = Placement(problem, config.move_chains)
     base = overlap_schedule(problem, config=config, placement=pl) if base is None else base
+    budget = memory_budget(problem, config)
+    headroom = None if headroom_share is None else memory_headroom(problem, base, budget, headroom_share)
     buckets = bucket_greedy(problem, cap_bytes=cap_bytes, multi_dtype=multi_dtype,
-                            exposed_first=exposed_first, schedule=base, placement=pl)
+                            exposed_first=exposed_first, schedule=base, placement=pl, headroom=headroom)
     if not buckets:
         return base
     try:
@@ -265,7 +277,6 @@ def bucketed_overlap(
                     len(buckets), err)
         return base
     r0 = simulate(problem, base)
-    budget = memory_budget(problem, config)
     if r1.makespan_ns < r0.makespan_ns and r1.peak_memory_bytes <= max(budget, r0.peak_memory_bytes):
         log.info("bucketed_overlap: %d buckets: makespan %d -> %d ns", len(buckets),
                  r0.makespan_ns, r1.makespan_ns)
@@ -274,3 +285,19 @@ def bucketed_overlap(
              "keeping the unbucketed schedule", r1.makespan_ns, r0.makespan_ns,
              r1.peak_memory_bytes, r0.peak_memory_bytes)
     return base
+
+
+def memory_headroom(problem: ScheduleProblem, schedule: Schedule, budget_bytes: int,
+                    share: float = 1.0) -> dict[str, int]:
+    """Per collective: ``share`` of the memory budget left over its whole span in ``schedule``
+    (``budget - max memory`` from its issue to its wait, at least 0). A bucket's buffers live over
+    that span, so a bucket that holds it can take roughly that much beyond its own size; share < 1
+    leaves room for the bucket's span growing (buckets are issued at their last member's slot)
+    and for the other buckets it overlaps."""
+    curve = simulate(problem, schedule).memory_curve
+    out: dict[str, int] = {}
+    for p in placements(problem, schedule):
+        left = max(0, budget_bytes - max(curve[p.issue_pos:p.wait_pos + 1]))
+        for m in p.members:
+            out[m] = int(share * left)
+    return out

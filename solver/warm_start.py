@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graphs want larger buckets
+# (headroom share, cap): buckets also capped by that share of their members' memory headroom
+# (heuristics.bucketing.memory_headroom); picked on the 4-node backward, where uniform caps past
+# 1 GiB no longer fit the budget: 0.35 / 3 GiB gives 175.9 ms there, 1 GiB uniform 188.2 ms
+HEADROOM_TRIES = ((0.35, 3 << 30), (0.5, 2 << 30))
 WARM_START_SHARE = 0.6
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
@@ -36,7 +40,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16,
                critical_builds: int | None = None) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
-    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``;
+    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``), and
+    with buckets capped by memory headroom too (``HEADROOM_TRIES``;
     not when the unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute,
     since buckets can save no more than the exposed time);
     then stalled waits sunk. In free mode, then: stalls filled with ready compute, independent
@@ -53,21 +58,25 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     first_s = time.perf_counter() - t
     r = simulate(problem, base)
     best = ((r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes), "overlap", base)
-    caps: tuple[int, ...] = ()
+    tries: list[tuple[int, float | None]] = []  # (cap, headroom share)
     if config.bucketing and not config.plan:
-        # no cap in the model is not "one bucket" for the greedy bucketer: try its default and larger
-        caps = (config.bucket_cap_bytes,) if config.bucket_cap_bytes is not None else WARM_START_CAPS
-    if caps and r.peak_memory_bytes <= budget_bytes and r.exposed_ns <= BUCKETING_MIN_EXPOSED * r.compute_ns:
+        # no cap in the model is not "one bucket" for the greedy bucketer: try its default and larger,
+        # and larger still where the memory headroom allows (comm-bound graphs)
+        cap = config.bucket_cap_bytes
+        tries = ([(cap, None)] + [(min(cap, c), share) for share, c in HEADROOM_TRIES] if cap is not None
+                 else [(c, None) for c in WARM_START_CAPS] + [(c, share) for share, c in HEADROOM_TRIES])
+    if tries and r.peak_memory_bytes <= budget_bytes and r.exposed_ns <= BUCKETING_MIN_EXPOSED * r.compute_ns:
         # buckets add compute (copies) and can only save exposed time: little is left to save
         log.info("warm start %s: overlap exposes %d ns; no bucketed tries", problem.name, r.exposed_ns)
-        caps = ()
-    for cap in caps:
-        name = f"bucket+overlap@{cap >> 20}MiB"
+        tries = []
+    for cap, share in tries:
+        name = f"bucket+overlap@{cap >> 20}MiB" + ("" if share is None else f"/headroom {share:g}")
         # a bucketed try costs about 1.5x the first: skip what cannot finish before the deadline
         if deadline is not None and time.perf_counter() + 1.5 * first_s > deadline:
             log.info("warm start %s: no time left for %s", problem.name, name)
             break
-        sched = bucketed_overlap(problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc, base=base)
+        sched = bucketed_overlap(problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc, base=base,
+                                 headroom_share=share)
         r = simulate(problem, sched)
         key = (r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes)
         if key < best[0]:

@@ -14,6 +14,7 @@ from fxsched.heuristics.bucketing import (
     bucket_greedy,
     bucketed_overlap,
     exposed_collectives,
+    memory_headroom,
 )
 from fxsched.heuristics.overlap import OverlapConfig, original_peak, overlap_schedule
 from fxsched.heuristics.placement import Placement
@@ -30,7 +31,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.solver.random_dags import random_problem
-from tests.solver.solver_builders import AG, AR, RS, coll, compute, make_problem, wait
+from tests.solver.solver_builders import AG, AR, RS, coll, compute, make_problem, storage, wait
 
 MB = 2**20
 
@@ -80,6 +81,33 @@ def test_size_is_max_of_in_and_out() -> None:
 def test_collective_larger_than_cap_stays_alone() -> None:
     p = cap_problem([300 * MB, 100 * MB, 100 * MB])
     assert bucket_greedy(p, cap_bytes=250 * MB) == (("c1", "c2"),)
+
+
+def test_headroom_caps_each_bucket() -> None:
+    """3 x 100 MB, cap 1 GB. Headroom 300/300/50 MB: c0 and c1 fit (200 MB <= 100 + 300 each),
+    c2's own cap is 150 MB, so it stays out. With c1 at 50 MB no two fit (200 > 150)."""
+    p = cap_problem([100 * MB] * 3)
+    assert bucket_greedy(p, cap_bytes=1000 * MB) == (("c0", "c1", "c2"),)
+    room = {"c0": 300 * MB, "c1": 300 * MB, "c2": 50 * MB}
+    assert bucket_greedy(p, cap_bytes=1000 * MB, headroom=room) == (("c0", "c1"),)
+    assert bucket_greedy(p, cap_bytes=150 * MB, headroom=room) == ()
+    assert bucket_greedy(p, cap_bytes=1000 * MB, headroom={**room, "c1": 50 * MB}) == ()
+
+
+def test_memory_headroom_by_hand() -> None:
+    """c gathers a 50-byte input into a 100-byte output that n reads. Original order c, w, n: the
+    input (live from the start) and the output (from c's issue) are both live at c's issue and at
+    its wait (150 bytes); under a 400-byte budget c's headroom is 250 bytes, 125 at share 0.5."""
+    p = make_problem([
+        coll("c", "A", AG, runtime_ns=100, bytes_in=50, bytes_out=100, allocates=["out"], uses=["in"]),
+        wait("w", "c"),
+        compute("n", 10, deps=["w"], uses=["out"]),
+    ], storages=[storage("in", 50, inp=True), storage("out", 100)])
+    base = Schedule.original(p)
+    assert simulate(p, base).memory_curve == (150, 150, 100)
+    assert memory_headroom(p, base, 400) == {"c": 250}
+    assert memory_headroom(p, base, 400, share=0.5) == {"c": 125}
+    assert memory_headroom(p, base, 100) == {"c": 0}
 
 
 # ---------------------------------------------------------------- dependencies

@@ -264,7 +264,7 @@ def test_warm_start_skips_bucketing_when_little_is_exposed(monkeypatch) -> None:
     """c (100 ns) beside x (1,000 ns of independent compute): the unbucketed overlap schedule
     hides it (0 exposed), and buckets can save no more than the exposed time, so the bucketed
     tries are not run. With c at 500 ns and x at 100 ns, 400 ns stay exposed (far over 0.25% of
-    the 110 ns of compute), so both run (one per WARM_START_CAPS)."""
+    the 110 ns of compute), so all run (one per WARM_START_CAPS, one per HEADROOM_TRIES)."""
     import fxsched.solver.warm_start as ws
     from fxsched.solver.cpsat import warm_start
     from solver_builders import AG, coll, compute, make_problem, wait
@@ -279,7 +279,7 @@ def test_warm_start_skips_bucketing_when_little_is_exposed(monkeypatch) -> None:
     exposed = make_problem([coll("c", "A", AG, runtime_ns=500), compute("x", 100, heavy=True),
                             wait("w", "c"), compute("y", 10, deps=["w", "x"], heavy=True)])
     assert simulate(exposed, warm_start(exposed, 10**12, SolveConfig())[1]).exposed_ns == 400
-    assert len(calls) == 2  # WARM_START_CAPS
+    assert len(calls) == 2 + 2  # WARM_START_CAPS, HEADROOM_TRIES
 
 
 def test_warm_start_runs_critical_path_in_free_mode_only(monkeypatch) -> None:
