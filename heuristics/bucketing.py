@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule, placements
-from ..solver.simulator import simulate
+from ..solver.simulator import SimResult, simulate
 from .overlap import OverlapConfig, memory_budget, overlap_schedule
 from .placement import Placement
 
@@ -263,8 +263,9 @@ def bucketed_overlap(
     """
     pl = Placement(problem, config.move_chains)
     base = overlap_schedule(problem, config=config, placement=pl) if base is None else base
+    r0 = simulate(problem, base)
     budget = memory_budget(problem, config)
-    headroom = None if headroom_share is None else memory_headroom(problem, base, budget, headroom_share)
+    headroom = None if headroom_share is None else memory_headroom(problem, base, budget, headroom_share, r0)
     buckets = bucket_greedy(problem, cap_bytes=cap_bytes, multi_dtype=multi_dtype,
                             exposed_first=exposed_first, schedule=base, placement=pl, headroom=headroom)
     if not buckets:
@@ -276,7 +277,6 @@ def bucketed_overlap(
         log.warning("bucketed_overlap: placing %d buckets failed (%s); keeping the unbucketed schedule",
                     len(buckets), err)
         return base
-    r0 = simulate(problem, base)
     if r1.makespan_ns < r0.makespan_ns and r1.peak_memory_bytes <= max(budget, r0.peak_memory_bytes):
         log.info("bucketed_overlap: %d buckets: makespan %d -> %d ns", len(buckets),
                  r0.makespan_ns, r1.makespan_ns)
@@ -288,13 +288,13 @@ def bucketed_overlap(
 
 
 def memory_headroom(problem: ScheduleProblem, schedule: Schedule, budget_bytes: int,
-                    share: float = 1.0) -> dict[str, int]:
+                    share: float = 1.0, res: SimResult | None = None) -> dict[str, int]:
     """Per collective: ``share`` of the memory budget left over its whole span in ``schedule``
     (``budget - max memory`` from its issue to its wait, at least 0). A bucket's buffers live over
     that span, so a bucket that holds it can take roughly that much beyond its own size; share < 1
     leaves room for the bucket's span growing (buckets are issued at their last member's slot)
-    and for the other buckets it overlaps."""
-    curve = simulate(problem, schedule).memory_curve
+    and for the other buckets it overlaps. ``res``: ``schedule`` simulated, when the caller has it."""
+    curve = (simulate(problem, schedule) if res is None else res).memory_curve
     out: dict[str, int] = {}
     for p in placements(problem, schedule):
         left = max(0, budget_bytes - max(curve[p.issue_pos:p.wait_pos + 1]))

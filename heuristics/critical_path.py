@@ -162,9 +162,13 @@ def critical_path_order(problem: ScheduleProblem, schedule: Schedule, *, backlog
     """One critical-path rebuild of ``schedule``'s order, keeping its buckets (see module doc);
     compute keeps the given order while the number of ops placed is in a ``keep`` range."""
     bl = bottom_levels(problem, schedule.buckets) if bl is None else bl
+    return _CriticalPathBuilder(problem, schedule, bl, _bound(problem, bl), backlog_ns, keep).build()
+
+
+def _bound(problem: ScheduleProblem, bl: dict[str, int]) -> int:
+    """``L``: the critical path or the total compute, whichever is longer (module doc)."""
     compute = sum(op.runtime_ns for op in problem.ops if op.kind is OpKind.COMPUTE)
-    bound = max(max(bl.values(), default=0), compute)
-    return _CriticalPathBuilder(problem, schedule, bl, bound, backlog_ns, keep).build()
+    return max(max(bl.values(), default=0), compute)
 
 
 def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
@@ -185,6 +189,7 @@ def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budg
     if max_builds is None:
         max_builds = max(4, MAX_BUILDS * min(REF_OPS, len(problem.ops)) // len(problem.ops))
     bl = bottom_levels(problem, schedule.buckets)
+    bound = _bound(problem, bl)
     waited = waited_collectives(problem)
     times = sorted(c.runtime_ns for c in problem.collectives if c.name in waited) or [0]
     median = times[len(times) // 2]
@@ -197,7 +202,7 @@ def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budg
             if deadline is not None and time.perf_counter() > deadline:
                 return best
             left -= 1
-            cand = critical_path_order(problem, schedule, backlog_ns=backlog, keep=keep, bl=bl)
+            cand = _CriticalPathBuilder(problem, schedule, bl, bound, backlog, keep).build()
             if check_schedule(problem, cand):  # a bucket the rebuild could not keep together
                 break
             r = simulate(problem, cand, check=False)

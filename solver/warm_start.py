@@ -40,10 +40,10 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16,
                critical_builds: int | None = None) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
-    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``), and
-    with buckets capped by memory headroom too (``HEADROOM_TRIES``;
-    not when the unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute,
-    since buckets can save no more than the exposed time);
+    with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``) and
+    with buckets capped by memory headroom too (``HEADROOM_TRIES``); no bucketed try when the
+    unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute, since buckets
+    can save no more than the exposed time;
     then stalled waits sunk. In free mode, then: stalls filled with ready compute, independent
     compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
     held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), the order rebuilt
@@ -63,8 +63,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         # no cap in the model is not "one bucket" for the greedy bucketer: try its default and larger,
         # and larger still where the memory headroom allows (comm-bound graphs)
         cap = config.bucket_cap_bytes
-        tries = ([(cap, None)] + [(min(cap, c), share) for share, c in HEADROOM_TRIES] if cap is not None
-                 else [(c, None) for c in WARM_START_CAPS] + [(c, share) for share, c in HEADROOM_TRIES])
+        tries = [(c, None) for c in ((cap,) if cap is not None else WARM_START_CAPS)]
+        tries += [(c if cap is None else min(cap, c), share) for share, c in HEADROOM_TRIES]
     if tries and r.peak_memory_bytes <= budget_bytes and r.exposed_ns <= BUCKETING_MIN_EXPOSED * r.compute_ns:
         # buckets add compute (copies) and can only save exposed time: little is left to save
         log.info("warm start %s: overlap exposes %d ns; no bucketed tries", problem.name, r.exposed_ns)
