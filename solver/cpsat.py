@@ -43,7 +43,9 @@ from .cpsat_frame import (
     build_frame,
     order_pairs,
 )
+from .cpsat_hint import add_hint, decode, hint_vars
 from .cpsat_model import ModelBuilder
+from .cpsat_window import free_window, window_frame
 from .layer_replay import LayerReplayer
 from .layers import DEFAULT_LAYER_PATTERN, LayerStructure, detect_layers
 from .problem import OpKind, ScheduleProblem
@@ -94,6 +96,7 @@ class SolveConfig:
     lns_rounds: int = 8  # deterministic mode: neighbourhood rounds on large graphs (each a window)
     lns_radius: int = 6  # slots a windowed item may move
     lns_window: int = 6  # placements (buckets or lone collectives) freed per round
+    free_window: int = 120  # free mode at scale: timed ops whose order every other round frees (0: none)
     layer_replay: bool = True  # large graphs: replay a round's gain in isomorphic layers (layer_replay.py)
     layer_pattern: str = DEFAULT_LAYER_PATTERN  # module FQN regex whose group 1 names a layer
     layer_seed_rounds: int = 2  # the first rounds' windows sit in one layer of the largest class
@@ -207,22 +210,24 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
         pairs = order_pairs(frame)
     if pairs > config.max_order_literals:
         layers = detect_layers(problem, config.layer_pattern) if config.layer_replay else None
+        free_windows = config.mode == "free" and config.free_window > 0
         if config.mode == "free":
             # free order at scale: the warm start deferred independent compute; search in fixed order
-            # around its heavy-compute order (same ops, so the schedule fits the original problem)
+            # around its heavy-compute order (same ops, so the schedule fits the original problem),
+            # and every other round in a free-order window (cpsat_window.py)
             problem = reordered(problem, h_sched.order)
             config = dataclasses.replace(config, mode="fixed")
             frame = build_frame(problem, config.frame_options())
             pairs = order_pairs(frame)
         return _neighbourhood_solve(problem, config, budget, (h_name, h_sched, h_res), time_budget_s, t0,
-                                    floor_ns, progress, frame, pairs, layers)
+                                    floor_ns, progress, frame, pairs, layers, free_windows)
     if not config.deterministic:  # a wall-clock budget covers the warm start too
         time_budget_s = max(0.0, time_budget_s - (time.perf_counter() - t0))
     t_build = time.perf_counter()
     builder = ModelBuilder(frame, budget, config.pinned)
     builder.build()
     builder.minimize_makespan()
-    _add_hint(builder, h_sched)
+    add_hint(builder, h_sched)
     stats = _stats(builder, time.perf_counter() - t_build)
     solver = _solver(config, time_budget_s * (1 - config.peak_phase_fraction if config.minimize_peak else 1))
     status = solver.Solve(builder.model, _Callback(progress, t0))
@@ -297,7 +302,7 @@ def centers_of(problem: ScheduleProblem, frame: Frame, sched: Schedule) -> tuple
 def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: int, heur: tuple,
                          time_budget_s: float, t0: float, floor_ns: int,  # the whole budget, from t0
                          progress: Callable[[Progress], None] | None, full: Frame, full_pairs: int,
-                         layers: LayerStructure | None = None) -> Result:
+                         layers: LayerStructure | None = None, free_windows: bool = False) -> Result:
     """Large graphs: rounds of CP-SAT over windows of the incumbent (first: the heuristic's).
 
     Each round frees the collectives (lone or bucketed) around the incumbent's most exposed one
@@ -308,6 +313,8 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
     only the window, so the reported bound is the structural one (``bounds.makespan_lower_bound``),
     valid for every schedule. With ``layers`` (isomorphic layers of the problem), a gain local to
     one layer is replayed in the others and the first windows sit in one of them (layer_replay.py).
+    With ``free_windows`` (free mode), every other round is a free-order window instead
+    (:func:`_free_round`); a gain there changes the heavy-compute order the fixed rounds keep.
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
@@ -331,12 +338,49 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
         replayer = LayerReplayer(problem, layers, budget, config.layer_replay_evals,
                                  None if config.deterministic else t0 + time_budget_s)
         stats["layers_in_classes"] = len(layers.class_of)
+    free_size, free_tried = config.free_window, set()
+    paid = {True: [0, 0], False: [0, 0]}  # free windows or not: [rounds, gains]
+    fixed_done = False
     for rnd in range(rounds):
+        # free mode: the kind of window that has paid more so far, (gains + 1) / (rounds + 2), free on ties
+        if free_windows and (fixed_done or _rate(paid[True]) >= _rate(paid[False])):
+            left = time_budget_s - (time.perf_counter() - t0)
+            if not config.deterministic and left <= 0:
+                break
+            got = _free_round(problem, config, budget, best, best_res, free_size, free_tried,
+                              round_s if config.deterministic else min(left, max(MIN_ROUND_S, left / 3)),
+                              progress, t0, stats)
+            if got is None:  # every exposed collective tried at this size: widen (up to 4x), then stop
+                if free_size >= 4 * config.free_window:
+                    free_windows = False
+                    if fixed_done:
+                        break
+                free_size, free_tried = min(2 * free_size, 4 * config.free_window), set()
+                continue
+            paid[True][0] += 1
+            if got[1].peak_memory_bytes <= budget and (got[1].makespan_ns, got[1].peak_memory_bytes) < (
+                    best_res.makespan_ns, best_res.peak_memory_bytes):
+                best, best_res, method = got[0], got[1], "cpsat-lns"
+                stats["improved"] += 1
+                paid[True][1] += 1
+                tried.clear()
+                free_tried.clear()
+                # the fixed rounds keep the new heavy-compute order
+                problem = reordered(problem, best.order)
+                full = build_frame(problem, config.frame_options())
+                if replayer is not None:
+                    replayer = LayerReplayer(problem, layers, budget, config.layer_replay_evals,  # type: ignore[arg-type]
+                                             None if config.deterministic else t0 + time_budget_s)
+                log.info("solve %s: round %d (free window): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
+            continue
         window = replayer.seed_window(best_res, size, tried) if replayer and rnd < config.layer_seed_rounds else None
         window = window or _window(best_res, size, tried)
         if window is None:  # every window tried without a gain: widen them while they can still grow
             if size >= len(best_res.collectives) and radius >= MAX_RADIUS_FACTOR * config.lns_radius:
-                break
+                if not free_windows:
+                    break
+                fixed_done = True
+                continue
             size, radius, tried = 2 * size, 2 * radius, set()
             window = _window(best_res, size, tried)
             if window is None:  # no collectives at all
@@ -356,9 +400,10 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
         builder = ModelBuilder(frame, budget, config.pinned)
         builder.build()
         builder.minimize_makespan()
-        _add_hint(builder, best)
+        add_hint(builder, best)
         stats.update(_stats(builder, time.perf_counter() - t_round))
         stats["rounds"] += 1
+        paid[False][0] += 1
         left = time_budget_s - (time.perf_counter() - t0)
         if not config.deterministic and left <= 0:
             break
@@ -377,6 +422,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                 sched, res = replayer.improve(best, sched, res, stats)
             best, best_res, method = sched, res, "cpsat-lns"
             stats["improved"] += 1
+            paid[False][1] += 1
             tried.clear()
             log.info("solve %s: round %d: makespan %d ns", problem.name, rnd, res.makespan_ns)
     st = _proven(Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC, best_res.makespan_ns, floor_ns)
@@ -386,6 +432,41 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                   method, best_res.peak_memory_bytes, budget,
                   min_feasible_budget_bytes=best_res.peak_memory_bytes if st is Status.INFEASIBLE else None,
                   exact=not problem.link_contention, stats=stats)
+
+
+def _rate(paid: list[int]) -> float:
+    """How well a kind of neighbourhood round has paid: (gains + 1) / (rounds + 2)."""
+    return (paid[1] + 1) / (paid[0] + 2)
+
+
+def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule, best_res: SimResult,
+                size: int, tried: set[tuple[str, ...]], round_s: float,
+                progress: Callable[[Progress], None] | None, t0: float,
+                stats: dict[str, int]) -> tuple[Schedule, SimResult] | None:
+    """One free-order window round around the incumbent's most exposed untried collective
+    (:func:`.cpsat_window.free_window`): its simulated answer, or the incumbent when CP-SAT found
+    nothing; None when every exposed collective was tried at this size."""
+    window = free_window(problem, best, best_res, size, tried)
+    if window is None:
+        return None
+    tried.add(window[0])
+    frame = window_frame(problem, best, window[1], window[2])
+    if frame is None:
+        return best, best_res
+    builder = ModelBuilder(frame, budget, config.pinned)
+    builder.build()
+    builder.minimize_makespan()
+    add_hint(builder, best)
+    stats["free_rounds"] = stats.get("free_rounds", 0) + 1
+    solver = _solver(config, round_s, lns=True)
+    status = solver.Solve(builder.model, _Callback(progress, t0))
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return best, best_res
+    sched = decode(builder, solver)
+    res = simulate(problem, sched)
+    log.info("solve %s: free window %d..%d around %s: %d ns", problem.name, window[1], window[2], window[0][0],
+             res.makespan_ns)
+    return sched, res
 
 
 def deterministic_rounds(max_rounds: int, time_budget_s: float, n_items: int) -> tuple[int, float]:
@@ -470,7 +551,7 @@ def _peak_phase(builder: ModelBuilder, solver: cp_model.CpSolver, makespan: int,
     """Lowest peak at a makespan no worse than ``makespan``, hinted with the phase-1 solution."""
     m = builder.model
     m.ClearHints()
-    for var in _hint_vars(builder):
+    for var in hint_vars(builder):
         m.AddHint(var, solver.Value(var))
     builder.minimize_peak(makespan)
     s2 = _solver(config, time_s)
@@ -480,21 +561,13 @@ def _peak_phase(builder: ModelBuilder, solver: cp_model.CpSolver, makespan: int,
     return None
 
 
-def _hint_vars(builder: ModelBuilder) -> list:
-    v = builder.v
-    out = [*v.x.values(), *v.before.values(), *v.slot.values(), *v.start.values(), *v.end.values(),
-           *v.comm_start.values(), *v.seg_start, v.makespan, v.peak]
-    out += [k for k in v.key.values() if not isinstance(k, int)]
-    return out
-
-
 def _infeasible(problem: ScheduleProblem, frame: Frame, config: SolveConfig, budget: int, h_sched: Schedule,
                 h_res, time_budget_s: float, t0: float, stats: dict, proven: bool) -> Result:
     """No schedule fits: find the lowest peak any schedule reaches (CP-SAT without a budget)."""
     b = ModelBuilder(frame, None, config.pinned)
     b.build()
     b.model.Minimize(b.v.peak)
-    _add_hint(b, h_sched)
+    add_hint(b, h_sched)
     solver = _solver(config, max(time_budget_s * 0.5, 0.1))
     st = solver.Solve(b.model)
     best, best_res = h_sched, h_res
@@ -511,29 +584,6 @@ def _infeasible(problem: ScheduleProblem, frame: Frame, config: SolveConfig, bud
     return Result(Status.INFEASIBLE, best_res.makespan_ns, 0, time.perf_counter() - t0, best, "min-peak",
                   best_res.peak_memory_bytes, budget, min_feasible_budget_bytes=best_res.peak_memory_bytes,
                   exact=not problem.link_contention, stats=stats)
-
-
-def decode(builder: ModelBuilder, solver: cp_model.CpSolver) -> Schedule:
-    """The program order of a CP-SAT solution: present items by key, each expanded to its ops."""
-    frame, v = builder.frame, builder.v
-    chosen = {c.index for c in frame.candidates if solver.Value(v.x[c.index])}
-    placed = []
-    for it in frame.items:
-        if it.candidate is not None and it.candidate not in chosen:
-            continue
-        key = v.key[it.index]
-        placed.append((key if isinstance(key, int) else solver.Value(key), it.index))
-    order = [op for _, i in sorted(placed) for op in frame.items[i].ops]
-    buckets = tuple(frame.candidates[k].members for k in sorted(chosen) if frame.candidates[k].is_bucket)
-    return Schedule(order=tuple(order), buckets=buckets, multi_dtype=frame.multi_dtype)
-
-
-def _add_hint(builder: ModelBuilder, sched: Schedule) -> None:
-    """Hint the model with ``sched``: candidate choices and item keys (CP-SAT completes the rest)."""
-    from .cpsat_hint import hint_values
-
-    for var, val in hint_values(builder, sched):
-        builder.model.AddHint(var, val)
 
 
 __all__ = ["Progress", "Result", "SolveConfig", "Status", "decode", "resolve_budget", "solve", "warm_start"]

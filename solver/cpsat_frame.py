@@ -65,10 +65,11 @@ class Item:
     ops: tuple[str, ...]
     cost_ns: int  # compute-stream time of the item (chains + copy-in for issues; copy-out for waits)
     candidate: int | None = None  # ISSUE / WAIT: the candidate whose presence it follows
-    key: int | None = None  # FIXED: constant key
+    key: int | None = None  # FIXED, and frozen items of a free window: constant key
     slots: tuple[int, ...] = ()  # fixed mode, ISSUE / WAIT: allowed slots
     deps: set[int] = field(default_factory=set)  # items that must precede it (when both present)
     anchor: int | None = None  # frozen items: the incumbent's position, which fixes their mutual order
+    times: tuple[int, int] | None = None  # window rounds, items before the window: (start, end), constant
 
 
 @dataclass
@@ -88,6 +89,11 @@ class Frame:
     segments: list[tuple[int, int]] = field(default_factory=list)  # fixed: [a, b) backbone ranges
     backbone: tuple[str, ...] = ()
     multi_dtype: bool = False
+    # free mode, window rounds (cpsat_window.py): the key range [lo, hi) of the free items; every
+    # other item is frozen at its constant ``key``
+    window: tuple[int, int] | None = None
+    comm_times: dict[int, tuple[int, int]] = field(default_factory=dict)  # window rounds: candidates
+    # issued before the window: (start, end), constant
 
 
 @dataclass(frozen=True)

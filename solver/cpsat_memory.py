@@ -183,6 +183,11 @@ class MemoryModel:
             level += delta[k]
             levels.append(level)
         breaks = sorted(k for k in self.breaks if 0 <= k <= self.end_key)
+        if self.f.window is not None:
+            # window rounds: every variable point lies in the window's keys, so the load outside
+            # them is the incumbent's (within the budget); only the window's base matters
+            lo, hi = (1 + k for k in self.f.window)
+            breaks = [lo, *(k for k in breaks if lo < k < hi), hi]
         for lo, hi in zip(breaks, breaks[1:]):
             # the base level at lo, and every change inside [lo, hi)
             i = bisect.bisect_right(points, lo) - 1

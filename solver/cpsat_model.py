@@ -75,8 +75,11 @@ class ModelBuilder:
             if it.kind is ItemKind.FIXED:
                 v.key[it.index] = 1 + it.key  # type: ignore[operator]
                 continue
-            v.start[it.index] = m.NewIntVar(0, self.horizon, f"s_{it.index}")
-            v.end[it.index] = m.NewIntVar(0, self.horizon, f"e_{it.index}")
+            if it.times is not None:  # window rounds: done before the window
+                v.start[it.index], v.end[it.index] = it.times
+            else:
+                v.start[it.index] = m.NewIntVar(0, self.horizon, f"s_{it.index}")
+                v.end[it.index] = m.NewIntVar(0, self.horizon, f"e_{it.index}")
             if f.mode == "fixed":
                 span = f.key_span
                 v.slot[it.index] = sl = m.NewIntVarFromDomain(cp_model.Domain.FromValues(it.slots), f"sl_{it.index}")
@@ -84,9 +87,15 @@ class ModelBuilder:
                 k = m.NewIntVar(1, self.key_hi, f"k_{it.index}")
                 m.Add(k == 1 + sl * span + rank)
                 v.key[it.index] = k
+            elif it.key is not None:  # frozen item of a window round
+                v.key[it.index] = 1 + it.key
             else:
-                v.key[it.index] = m.NewIntVar(1, f.n_keys - len(it.ops) + 1, f"k_{it.index}")
+                lo, hi = f.window if f.window is not None else (0, f.n_keys)
+                v.key[it.index] = m.NewIntVar(1 + lo, hi - len(it.ops) + 1, f"k_{it.index}")
         for c in f.candidates:
+            if c.index in f.comm_times:
+                v.comm_start[c.index], v.comm_end[c.index] = f.comm_times[c.index]
+                continue
             v.comm_start[c.index] = m.NewIntVar(0, self.horizon, f"cs_{c.index}")
             v.comm_end[c.index] = m.NewIntVar(0, self.horizon, f"ce_{c.index}")
         for a, b in f.segments:
@@ -115,6 +124,8 @@ class ModelBuilder:
     def item_durations(self) -> None:
         m, v = self.model, self.v
         for it in self.movable:
+            if it.times is not None:
+                continue
             if it.kind is ItemKind.WAIT:
                 m.Add(v.end[it.index] >= v.start[it.index] + it.cost_ns)
             else:
@@ -168,10 +179,17 @@ class ModelBuilder:
         consecutive pairs, and per group a FIFO chain of their issues, stand for all their pairs."""
         free = [it for it in self.movable if it.anchor is None]
         frozen = sorted((it for it in self.movable if it.anchor is not None), key=lambda it: (it.anchor, it.index))
+        if self.frame.window is not None:
+            self._window_order(free, frozen)
+            return
         for a, b in itertools.chain(itertools.combinations(free, 2), itertools.product(free, frozen)):
             self._order_pair(a, b)
         for a, b in zip(frozen, frozen[1:]):
             self._precede(a, b, [])
+        self._frozen_fifo(frozen)
+
+    def _frozen_fifo(self, frozen: list[Item]) -> None:
+        """Per group, a FIFO chain of the frozen items' issues."""
         last_issue: dict[str, Item] = {}
         for it in frozen:
             if it.kind is ItemKind.ISSUE:
@@ -180,6 +198,51 @@ class ModelBuilder:
                 if prev is not None:
                     self._fifo(prev, it, self._presences(prev, it))
                 last_issue[group] = it
+
+    def _window_order(self, free: list[Item], frozen: list[Item]) -> None:
+        """Free window (cpsat_window.py): the frozen items run in their key order, the free ones
+        between the last frozen item before the window and the first after it, in any order their
+        dependencies allow; each free issue sits in its group's FIFO between the frozen issues
+        before and after the window. Frozen items' keys are constants, so only the clock and the
+        FIFO need stating for them."""
+        lo = self.frame.window[0]  # type: ignore[index]
+        for a, b in itertools.combinations(free, 2):
+            self._order_pair(a, b)
+        for a, b in zip(frozen, frozen[1:]):
+            self._clock(a, b)
+        self._frozen_fifo(frozen)
+        before = [it for it in frozen if it.key < lo]  # type: ignore[operator]
+        after = frozen[len(before):]
+        cands = self.frame.candidates
+
+        def group(it: Item) -> str:
+            return cands[it.candidate].group  # type: ignore[index]
+
+        prev = {group(it): it for it in before if it.kind is ItemKind.ISSUE}  # the last one per group
+        nxt = {group(it): it for it in reversed(after) if it.kind is ItemKind.ISSUE}  # the first one
+        for w in free:
+            if before:
+                self._clock(before[-1], w)
+            if after:
+                self._clock(w, after[0])
+            if w.kind is ItemKind.ISSUE:
+                if (p := prev.get(group(w))) is not None:
+                    self._fifo(p, w, self._presences(p, w))
+                if (n := nxt.get(group(w))) is not None:
+                    self._fifo(w, n, self._presences(w, n))
+
+    def _clock(self, a: Item, b: Item) -> None:
+        """b starts after a ends on the compute stream (when both are present)."""
+        self._ge(self.v.start[b.index], self.v.end[a.index], self._presences(a, b))
+
+    def _ge(self, lhs, rhs, enf: list) -> None:
+        """``lhs >= rhs`` under ``enf``; window rounds make some terms constants (done before the
+        window), and a constraint between two constants that holds is left out."""
+        if isinstance(lhs, int) and isinstance(rhs, int):
+            if lhs < rhs:
+                self.model.AddBoolOr([lit.Not() for lit in enf])
+            return
+        self.model.Add(lhs >= rhs).OnlyEnforceIf(enf)
 
     def _presences(self, a: Item, b: Item) -> list:
         return [self.v.present[i.index] for i in (a, b) if self.v.present[i.index] is not True]
@@ -205,8 +268,8 @@ class ModelBuilder:
         """Under ``enf`` (and both present): a runs before b."""
         m, v = self.model, self.v
         enf = enf + [v.present[i.index] for i in (a, b) if v.present[i.index] is not True]
-        m.Add(v.key[b.index] >= v.key[a.index] + len(a.ops)).OnlyEnforceIf(enf)
-        m.Add(v.start[b.index] >= v.end[a.index]).OnlyEnforceIf(enf)
+        self._ge(v.key[b.index], v.key[a.index] + len(a.ops), enf)
+        self._ge(v.start[b.index], v.end[a.index], enf)
         if self._same_group_issues(a, b):
             self._fifo(a, b, enf)
 
@@ -221,17 +284,19 @@ class ModelBuilder:
         which must hold the presence literals)."""
         v = self.v
         ca, cb = self.frame.candidates[a.candidate], self.frame.candidates[b.candidate]  # type: ignore[index]
-        self.model.Add(v.comm_start[cb.index] >= v.comm_end[ca.index]).OnlyEnforceIf(enf)
+        self._ge(v.comm_start[cb.index], v.comm_end[ca.index], enf)
 
     def collective_timing(self) -> None:
         m, v, f = self.model, self.v, self.frame
         by_group: dict[str, list] = {}
         for c in f.candidates:
             x = v.x[c.index]
+            w = f.wait_item[c.index]
+            self._ge(v.end[w], v.comm_end[c.index] + c.copy_out_ns, [x])
+            if c.index in f.comm_times:  # window rounds: issued before the window, times constant
+                continue
             m.Add(v.comm_end[c.index] == v.comm_start[c.index] + c.runtime_ns)
             m.Add(v.comm_start[c.index] >= v.end[f.issue_item[c.index]]).OnlyEnforceIf(x)
-            w = f.wait_item[c.index]
-            m.Add(v.end[w] >= v.comm_end[c.index] + c.copy_out_ns).OnlyEnforceIf(x)
             by_group.setdefault(c.group, []).append(m.NewOptionalIntervalVar(
                 v.comm_start[c.index], c.runtime_ns, v.comm_end[c.index], x, f"comm_{c.index}"))
         for intervals in by_group.values():
@@ -244,7 +309,7 @@ class ModelBuilder:
             for ia, oa in f.op_items[a]:
                 for ib, ob in f.op_items[b]:
                     enf = [v.present[i] for i in (ia, ib) if v.present[i] is not True]
-                    m.Add(v.key[ib] + ob >= v.key[ia] + oa + 1).OnlyEnforceIf(enf)
+                    self._ge(v.key[ib] + ob, v.key[ia] + oa + 1, enf)
 
     def makespan_def(self) -> None:
         m, v = self.model, self.v

@@ -140,8 +140,16 @@ def makespan_ns(problem: ScheduleProblem, schedule: Schedule) -> int:
     return _timeline(problem, schedule, placements(problem, schedule))[1]
 
 
+def position_clocks(problem: ScheduleProblem, schedule: Schedule) -> list[int]:
+    """The compute-stream clock right after each position of a valid ``schedule`` (a wait's
+    stall and copy-out included): the times a model hinted with ``schedule`` should take."""
+    clocks: list[int] = []
+    _timeline(problem, schedule, placements(problem, schedule), clocks)
+    return clocks
+
+
 def _timeline(
-    problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement]
+    problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement], clocks: list[int] | None = None
 ) -> tuple[list[CollectiveTiming], int, int, int]:
     ops = problem.op_by_name
     hide = _Hideability(problem)
@@ -190,6 +198,8 @@ def _timeline(
                 issue_ns=issue_ns, start_ns=start, end_ns=end, wait_ns=wait_ns, exposed_ns=stall,
                 hideable=hide(p.members),
             ))
+        if clocks is not None:
+            clocks.append(t)
     timings.sort(key=lambda c: c.issue_pos)
     return timings, t, compute, exposed
 

@@ -1,0 +1,75 @@
+"""Free-order windows: neighbourhood rounds that reorder compute, for free mode at scale.
+
+A free-order model of a whole large graph needs an order literal per pair of items (a million on
+a 2k-op backward), so :func:`.cpsat.solve` searches such graphs in rounds over windows of the
+incumbent. Fixed-order rounds move collectives and waits only; the stalls they cannot remove
+need compute moved (weight gradients pulled under a tensor-parallel collective, or held back
+past the embedding's reduce-scatter at the end of a backward). A **free window** is a run of
+consecutive program positions of the incumbent: every item the incumbent runs there (compute,
+issue or wait block) may take any order its dependencies allow; every other item is frozen at
+its key, in the incumbent's order. The model then needs order literals only between free items
+(:meth:`.cpsat_model.ModelBuilder._window_order`), and buckets stay the incumbent's.
+
+Entry points: :func:`window_frame` builds the frame, :func:`free_window` picks the window
+around the incumbent's most exposed collective not tried yet.
+"""
+
+from __future__ import annotations
+
+from .cpsat_frame import Frame, FrameOptions, ItemKind, build_frame
+from .cpsat_hint import chosen_candidates, item_anchors
+from .problem import OpKind, ScheduleProblem
+from .schedule import Schedule
+from .simulator import SimResult, position_clocks, simulate
+
+
+def window_frame(problem: ScheduleProblem, sched: Schedule, lo: int, hi: int) -> Frame | None:
+    """The free-mode frame of ``problem`` with ``sched``'s buckets forced, in which the items
+    ``sched`` runs at positions ``[lo, hi)`` are free and the others are frozen at the keys that
+    reproduce ``sched``; None when no item starts in the window."""
+    frame = build_frame(problem, FrameOptions(mode="free", bucketing=False, multi_dtype=sched.multi_dtype,
+                                              plan=sched.buckets))
+    chosen = chosen_candidates(frame, sched)
+    assert chosen is not None  # the forced buckets and the lone collectives are the only candidates
+    clocks = position_clocks(problem, sched)
+    key, span = 0, None
+    for pos, i in item_anchors(frame, sched, chosen):
+        it = frame.items[i]
+        if lo <= pos < hi:
+            span = (key if span is None else span[0], key + len(it.ops))
+        else:
+            it.key, it.anchor = key, pos
+            if pos < lo:  # done before the window: its times are the incumbent's
+                it.times = (clocks[pos - 1] if it.kind is ItemKind.WAIT and pos else clocks[pos] - it.cost_ns,
+                            clocks[pos])
+        key += len(it.ops)
+    if span is None:
+        return None
+    frame.window = span
+    timing = {frozenset(t.members): t for t in simulate(problem, sched).collectives}
+    for c in frame.candidates:
+        if frame.items[frame.issue_item[c.index]].times is not None:
+            t = timing[frozenset(c.members)]
+            frame.comm_times[c.index] = (t.start_ns, t.end_ns)
+    return frame
+
+
+def free_window(problem: ScheduleProblem, sched: Schedule, res: SimResult, size: int,
+                tried: set[tuple[str, ...]]) -> tuple[tuple[str, ...], int, int] | None:
+    """``(members, lo, hi)``: the untried most exposed placement of ``sched`` (simulated as ``res``)
+    and the positions around its wait holding ``size`` ops that are not zero-cost, half before
+    the wait and half after (fewer where the order ends); None when every exposed one was tried."""
+    exposed = sorted((t for t in res.collectives if t.exposed_ns > 0 and t.members not in tried),
+                     key=lambda t: (-t.exposed_ns, t.wait_pos))
+    if not exposed:
+        return None
+    t = exposed[0]
+    ops = problem.op_by_name
+    timed = [p for p, name in enumerate(sched.order) if ops[name].kind is not OpKind.ZERO]
+    # the timed positions around the wait: half before it, the rest after (shifted at the ends)
+    at = next((k for k, p in enumerate(timed) if p >= t.wait_pos), len(timed))
+    first = max(0, min(at - size // 2, len(timed) - size))
+    last = min(len(timed), first + size)
+    lo = timed[first] if first > 0 else 0
+    hi = timed[last] if last < len(timed) else len(sched.order)
+    return t.members, lo, hi

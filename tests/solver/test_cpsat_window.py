@@ -1,0 +1,144 @@
+"""Free-order windows of the neighbourhood search (solver/cpsat_window.py).
+
+Oracles: the incumbent's own simulated makespan (a window model must hold it exactly), brute force
+over every reordering of the window's positions (the window's optimum is never worse than the
+best of them), the brute-force optimum over all schedules (never better than it), and a
+hand-derived case. Every solve is deterministic (seed 0, one worker, deterministic time).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from fxsched.heuristics import HEURISTICS
+from fxsched.solver import Schedule, check_schedule, simulate
+from fxsched.solver.cpsat import SolveConfig, decode, solve
+from fxsched.solver.cpsat_hint import hint_values
+from fxsched.solver.cpsat_model import ModelBuilder
+from fxsched.solver.cpsat_window import free_window, window_frame
+from fxsched.solver.problem import ScheduleProblem
+from oracle import brute_force, default_budget
+from ortools.sat.python import cp_model
+from solver_builders import coll, compute, make_problem, storage, wait
+from tiny_instances import tiny_problems
+
+PROBLEMS = tiny_problems(50, seed=3)[:16]
+
+
+def _incumbent(p: ScheduleProblem) -> Schedule:
+    """A bucketed heuristic schedule within the budget (else the original order)."""
+    sched = HEURISTICS["bucket+overlap"](p)
+    return sched if simulate(p, sched).peak_memory_bytes <= default_budget(p) else Schedule.original(p)
+
+
+def _windows(n: int) -> list[tuple[int, int]]:
+    return [(0, n), (0, n // 2), (n // 3, n - n // 3), (n // 2, n)]
+
+
+def _model(p: ScheduleProblem, sched: Schedule, lo: int, hi: int) -> ModelBuilder | None:
+    frame = window_frame(p, sched, lo, hi)
+    if frame is None:
+        return None
+    b = ModelBuilder(frame, default_budget(p))
+    b.build()
+    b.minimize_makespan()
+    for var, val in hint_values(b, sched):
+        b.model.AddHint(var, val)
+    return b
+
+
+def _solver(fix: bool = False) -> cp_model.CpSolver:
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    s.parameters.random_seed = 0
+    s.parameters.max_deterministic_time = 20.0
+    s.parameters.fix_variables_to_their_hinted_value = fix
+    return s
+
+
+@pytest.mark.parametrize("idx", range(len(PROBLEMS)))
+def test_window_model_holds_the_incumbent_exactly(idx: int) -> None:
+    """With every decision fixed to the incumbent's (the hint, times included), each window's
+    model is feasible and its makespan is the incumbent's simulated one."""
+    p = PROBLEMS[idx]
+    inc = _incumbent(p)
+    want = simulate(p, inc).makespan_ns
+    for lo, hi in _windows(len(inc.order)):
+        b = _model(p, inc, lo, hi)
+        if b is None:
+            continue
+        s = _solver(fix=True)
+        assert s.Solve(b.model) == cp_model.OPTIMAL, (p.name, lo, hi)
+        assert s.Value(b.v.makespan) == want
+        assert simulate(p, decode(b, s)).makespan_ns == want
+
+
+def _best_reordering(p: ScheduleProblem, sched: Schedule, lo: int, hi: int, budget: int) -> int:
+    """Brute force: the least simulated makespan over every valid order of positions [lo, hi)
+    within the budget, the rest of ``sched`` as it is."""
+    best = simulate(p, sched).makespan_ns
+    head, mid, tail = sched.order[:lo], sched.order[lo:hi], sched.order[hi:]
+    for perm in itertools.permutations(mid):
+        cand = Schedule(head + perm + tail, sched.buckets, sched.multi_dtype)
+        if check_schedule(p, cand):
+            continue
+        r = simulate(p, cand)
+        if r.peak_memory_bytes <= budget:
+            best = min(best, r.makespan_ns)
+    return best
+
+
+@pytest.mark.parametrize("original", [True, False])
+@pytest.mark.parametrize("idx", range(len(PROBLEMS)))
+def test_window_optimum_against_brute_force(idx: int, original: bool) -> None:
+    """A window of up to 7 positions around the most exposed collective of the original order or
+    of a bucketed heuristic schedule, solved to optimality: no worse than the best reordering of
+    those positions (brute force), no better than the best schedule there is (the oracle), and
+    the model's makespan is the simulator's for the order it returns."""
+    p = PROBLEMS[idx]
+    budget = default_budget(p)
+    inc = Schedule.original(p) if original else _incumbent(p)
+    res = simulate(p, inc)
+    window = free_window(p, inc, res, 5, set())
+    n = len(inc.order)
+    lo, hi = (window[1], window[2]) if window else (max(0, n - 7), n)
+    hi = min(hi, lo + 7)
+    b = _model(p, inc, lo, hi)
+    assert b is not None
+    s = _solver()
+    assert s.Solve(b.model) == cp_model.OPTIMAL, p.name
+    got = decode(b, s)
+    r = simulate(p, got)
+    assert not check_schedule(p, got)
+    assert r.makespan_ns == s.Value(b.v.makespan)
+    assert r.peak_memory_bytes <= budget
+    assert r.makespan_ns <= _best_reordering(p, inc, lo, hi, budget)
+    assert r.makespan_ns >= brute_force(p, mode="free").best_makespan_ns
+
+
+def _tail_problem() -> ScheduleProblem:
+    """a (100 ns) feeds collective c (100 ns), whose wait d (10 ns) reads; b (100 ns) is independent."""
+    return make_problem(
+        [compute("a", 100, allocates=["A"], heavy=True),
+         coll("c", runtime_ns=100, bytes_in=8, bytes_out=8, deps=["a"], uses=["A"], allocates=["C"]),
+         compute("b", 100, allocates=["B"], heavy=True),
+         wait("w", "c"),
+         compute("d", 10, deps=["w", "b"], uses=["C", "B"], allocates=["D"], heavy=True)],
+        [storage("A", 8), storage("C", 8), storage("B", 8), storage("D", 8, keep=True)])
+
+
+@pytest.mark.parametrize("free_window", [0, 120])
+def test_free_window_moves_compute_that_fixed_rounds_cannot(free_window: int) -> None:
+    """From the hint b, a, c, w, d the collective can only be issued after both computes in fixed
+    order: a 0..200 (b first), c 200..300, w stalls to 300, d ends at 310. Reordering a before b
+    hides c behind b: a 0..100, c 100..200, b 100..200, d ends at 210 = all compute, the optimum.
+    The neighbourhood path (forced) reaches it only with free windows."""
+    p = _tail_problem()
+    hint = Schedule(("b", "a", "c", "w", "d"))
+    assert simulate(p, hint).makespan_ns == 310
+    cfg = SolveConfig(mode="free", max_order_literals=0, lns_rounds=4, free_window=free_window,
+                      memory_budget=1.0e3)
+    res = solve(p, 2, cfg, hint=hint)
+    assert not check_schedule(p, res.schedule)
+    assert res.objective == (210 if free_window else 310)
