@@ -20,7 +20,7 @@ from fxsched.solver.cpsat_window import free_window, window_frame
 from fxsched.solver.problem import ScheduleProblem
 from oracle import brute_force, default_budget
 from ortools.sat.python import cp_model
-from solver_builders import coll, compute, make_problem, storage, wait
+from solver_builders import coll, compute, make_problem, storage, wait, zero
 from tiny_instances import tiny_problems
 
 PROBLEMS = tiny_problems(50, seed=3)[:16]
@@ -142,3 +142,19 @@ def test_free_window_moves_compute_that_fixed_rounds_cannot(free_window: int) ->
     res = solve(p, 2, cfg, hint=hint)
     assert not check_schedule(p, res.schedule)
     assert res.objective == (210 if free_window else 310)
+
+
+def test_free_window_sits_around_the_most_exposed_wait() -> None:
+    """c1, c2 (30 ns each, one group) issued at 0, x 0..10, w1 stalls 20, v1 (a view), w2 stalls
+    30, z: c2 is the most exposed. Two timed ops around its wait (position 5): the one before it
+    (w1, position 3; v1 takes no time) and the wait itself, so positions [3, 6). Once c2 is
+    tried, c1's wait (position 3) is next: [2, 5)."""
+    p = make_problem([
+        coll("c1", "A", runtime_ns=30), coll("c2", "A", runtime_ns=30), compute("x", 10),
+        wait("w1", "c1"), zero("v1", deps=["w1"]), wait("w2", "c2"), compute("z", 5, deps=["v1", "w2"]),
+    ])
+    s = Schedule.original(p)
+    res = simulate(p, s)
+    assert free_window(p, s, res, 2, set()) == (("c2",), 3, 6)
+    assert free_window(p, s, res, 2, {("c2",)}) == (("c1",), 2, 5)
+    assert free_window(p, s, res, 2, {("c1",), ("c2",)}) is None

@@ -351,3 +351,15 @@ def test_link_contention_stretches_a_collective_that_overlaps_another_group() ->
     assert (on.makespan_ns, on.exposed_ns) == (150, 140)
     with pytest.raises(ProblemError, match="link_contention"):
         dataclasses.replace(p, link_contention=-1.0)
+
+
+def test_position_clocks_by_hand() -> None:
+    """c1 and c2 (30 ns each, one group: c1 0..30, c2 30..60) issued at 0; x 0..10; w1 stalls to
+    30; v1 (a view) adds nothing; w2 stalls to 60; z 60..65: the clock after each position."""
+    from fxsched.solver.simulator import position_clocks
+
+    p = make_problem([
+        coll("c1", "A", runtime_ns=30), coll("c2", "A", runtime_ns=30), compute("x", 10),
+        wait("w1", "c1"), zero("v1", deps=["w1"]), wait("w2", "c2"), compute("z", 5, deps=["v1", "w2"]),
+    ])
+    assert position_clocks(p, Schedule.original(p)) == [0, 0, 10, 30, 30, 60, 65]
