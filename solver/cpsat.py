@@ -313,8 +313,10 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
     only the window, so the reported bound is the structural one (``bounds.makespan_lower_bound``),
     valid for every schedule. With ``layers`` (isomorphic layers of the problem), a gain local to
     one layer is replayed in the others and the first windows sit in one of them (layer_replay.py).
-    With ``free_windows`` (free mode), every other round is a free-order window instead
-    (:func:`_free_round`); a gain there changes the heavy-compute order the fixed rounds keep.
+    With ``free_windows`` (free mode), a round may be a free-order window instead
+    (:func:`_free_round`): whichever kind has paid more for its time so far (:func:`_rate`), free
+    first on an unbucketed incumbent, fixed first on a bucketed one; a gain there changes the
+    heavy-compute order the fixed rounds keep.
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
@@ -339,11 +341,15 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                                  None if config.deterministic else t0 + time_budget_s)
         stats["layers_in_classes"] = len(layers.class_of)
     free_size, free_tried = config.free_window, set()
-    paid = {True: [0, 0], False: [0, 0]}  # free windows or not: [rounds, gains]
+    # free mode: each round is of the kind that has paid more for its work so far (:func:`_rate`);
+    # free windows keep the incumbent's buckets and fixed rounds split and merge them, so on a
+    # bucketed incumbent free windows start as if one round had already failed, else fixed ones
+    free_first = not best.buckets
+    paid = {True: [0.0 if free_first else MIN_ROUND_S, 0], False: [MIN_ROUND_S if free_first else 0.0, 0]}
     fixed_done = False
     for rnd in range(rounds):
-        # free mode: the kind of window that has paid more so far, (gains + 1) / (rounds + 2), free on ties
-        if free_windows and (fixed_done or _rate(paid[True]) >= _rate(paid[False])):
+        rates = (_rate(paid[True]), _rate(paid[False]))
+        if free_windows and (fixed_done or rates[0] > rates[1] or (rates[0] == rates[1] and free_first)):
             left = time_budget_s - (time.perf_counter() - t0)
             if not config.deterministic and left <= 0:
                 break
@@ -357,7 +363,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                         break
                 free_size, free_tried = min(2 * free_size, 4 * config.free_window), set()
                 continue
-            paid[True][0] += 1
+            paid[True][0] += got[2]
             if got[1].peak_memory_bytes <= budget and (got[1].makespan_ns, got[1].peak_memory_bytes) < (
                     best_res.makespan_ns, best_res.peak_memory_bytes):
                 best, best_res, method = got[0], got[1], "cpsat-lns"
@@ -403,7 +409,6 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
         add_hint(builder, best)
         stats.update(_stats(builder, time.perf_counter() - t_round))
         stats["rounds"] += 1
-        paid[False][0] += 1
         left = time_budget_s - (time.perf_counter() - t0)
         if not config.deterministic and left <= 0:
             break
@@ -412,6 +417,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
             round_s = min(left, max(MIN_ROUND_S, left / 3))
         solver = _solver(config, round_s, lns=True)
         status = solver.Solve(builder.model, _Callback(progress, t0))
+        paid[False][0] += _work(config, solver, round_s)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             continue
         sched = decode(builder, solver)
@@ -434,25 +440,35 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                   exact=not problem.link_contention, stats=stats)
 
 
-def _rate(paid: list[int]) -> float:
-    """How well a kind of neighbourhood round has paid: (gains + 1) / (rounds + 2)."""
-    return (paid[1] + 1) / (paid[0] + 2)
+def _rate(paid: list) -> float:
+    """How well a kind of neighbourhood round has paid for its work: (gains + 1) / (seconds + 1).
+    Seconds, not rounds: on the 4-node forward a fixed round took a fraction of a free one, and
+    counting rounds gave free windows the time the fixed rounds' gains needed (10 s wall clock:
+    71.72 ms against 71.01 ms without free windows)."""
+    return (paid[1] + 1) / (paid[0] + 1.0)
+
+
+def _work(config: SolveConfig, solver: cp_model.CpSolver, round_s: float) -> float:
+    """A round's cost for :func:`_rate`: its wall time; in deterministic mode the round's budget
+    (the same on every rank; CP-SAT's own deterministic time leaves presolve out)."""
+    return round_s if config.deterministic else solver.WallTime()
 
 
 def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule, best_res: SimResult,
                 size: int, tried: set[tuple[str, ...]], round_s: float,
                 progress: Callable[[Progress], None] | None, t0: float,
-                stats: dict[str, int]) -> tuple[Schedule, SimResult] | None:
+                stats: dict[str, int]) -> tuple[Schedule, SimResult, float] | None:
     """One free-order window round around the incumbent's most exposed untried collective
-    (:func:`.cpsat_window.free_window`): its simulated answer, or the incumbent when CP-SAT found
-    nothing; None when every exposed collective was tried at this size."""
+    (:func:`.cpsat_window.free_window`): its simulated answer (the incumbent when CP-SAT found
+    nothing) and its cost (:func:`_work`); None when every exposed collective was tried at this
+    size."""
     window = free_window(problem, best, best_res, size, tried)
     if window is None:
         return None
     tried.add(window[0])
     frame = window_frame(problem, best, window[1], window[2])
     if frame is None:
-        return best, best_res
+        return best, best_res, 0.0
     builder = ModelBuilder(frame, budget, config.pinned)
     builder.build()
     builder.minimize_makespan()
@@ -460,13 +476,14 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     stats["free_rounds"] = stats.get("free_rounds", 0) + 1
     solver = _solver(config, round_s, lns=True)
     status = solver.Solve(builder.model, _Callback(progress, t0))
+    work = _work(config, solver, round_s)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return best, best_res
+        return best, best_res, work
     sched = decode(builder, solver)
     res = simulate(problem, sched)
     log.info("solve %s: free window %d..%d around %s: %d ns", problem.name, window[1], window[2], window[0][0],
              res.makespan_ns)
-    return sched, res
+    return sched, res, work
 
 
 def deterministic_rounds(max_rounds: int, time_budget_s: float, n_items: int) -> tuple[int, float]:

@@ -158,3 +158,17 @@ def test_free_window_sits_around_the_most_exposed_wait() -> None:
     assert free_window(p, s, res, 2, set()) == (("c2",), 3, 6)
     assert free_window(p, s, res, 2, {("c2",)}) == (("c1",), 2, 5)
     assert free_window(p, s, res, 2, {("c1",), ("c2",)}) is None
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_first_round_kind_follows_the_incumbents_buckets(bucketed: bool) -> None:
+    """One neighbourhood round from the hint: a free window when the hint has no buckets; a fixed
+    round (which may split or merge buckets; a free window keeps them) when it has one."""
+    p = make_problem([
+        coll("c1", "A", runtime_ns=30), coll("c2", "A", runtime_ns=30), compute("x", 10, heavy=True),
+        wait("w1", "c1"), zero("v1", deps=["w1"]), wait("w2", "c2"), compute("z", 5, deps=["v1", "w2"], heavy=True),
+    ])
+    hint = Schedule(tuple(op.name for op in p.ops), (("c1", "c2"),) if bucketed else ())
+    res = solve(p, 1, SolveConfig(mode="free", max_order_literals=0, lns_rounds=1), hint=hint)
+    assert not check_schedule(p, res.schedule)
+    assert (res.stats["rounds"], res.stats.get("free_rounds", 0)) == ((1, 0) if bucketed else (0, 1))
