@@ -45,7 +45,7 @@ from .cpsat_frame import (
 )
 from .cpsat_hint import add_hint, decode, hint_vars
 from .cpsat_model import ModelBuilder
-from .cpsat_window import free_window, window_frame
+from .cpsat_window import free_window, paid_rate, round_cost, window_frame
 from .layer_replay import LayerReplayer
 from .layers import DEFAULT_LAYER_PATTERN, LayerStructure, detect_layers
 from .problem import OpKind, ScheduleProblem
@@ -314,9 +314,9 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
     valid for every schedule. With ``layers`` (isomorphic layers of the problem), a gain local to
     one layer is replayed in the others and the first windows sit in one of them (layer_replay.py).
     With ``free_windows`` (free mode), a round may be a free-order window instead
-    (:func:`_free_round`): whichever kind has paid more for its time so far (:func:`_rate`), free
-    first on an unbucketed incumbent, fixed first on a bucketed one; a gain there changes the
-    heavy-compute order the fixed rounds keep.
+    (:func:`_free_round`): whichever kind has paid more for its time so far
+    (:func:`.cpsat_window.paid_rate`), free first on an unbucketed incumbent, fixed first on a
+    bucketed one; a gain there changes the heavy-compute order the fixed rounds keep.
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
@@ -341,14 +341,14 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                                  None if config.deterministic else t0 + time_budget_s)
         stats["layers_in_classes"] = len(layers.class_of)
     free_size, free_tried = config.free_window, set()
-    # free mode: each round is of the kind that has paid more for its work so far (:func:`_rate`);
+    # free mode: each round is of the kind that has paid more for its work so far (paid_rate);
     # free windows keep the incumbent's buckets and fixed rounds split and merge them, so on a
     # bucketed incumbent free windows start as if one round had already failed, else fixed ones
     free_first = not best.buckets
     paid = {True: [0.0 if free_first else MIN_ROUND_S, 0], False: [MIN_ROUND_S if free_first else 0.0, 0]}
     fixed_done = False
     for rnd in range(rounds):
-        rates = (_rate(paid[True]), _rate(paid[False]))
+        rates = (paid_rate(paid[True]), paid_rate(paid[False]))
         if free_windows and (fixed_done or rates[0] > rates[1] or (rates[0] == rates[1] and free_first)):
             left = time_budget_s - (time.perf_counter() - t0)
             if not config.deterministic and left <= 0:
@@ -374,8 +374,8 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                 # the fixed rounds keep the new heavy-compute order
                 problem = reordered(problem, best.order)
                 full = build_frame(problem, config.frame_options())
-                if replayer is not None:
-                    replayer = LayerReplayer(problem, layers, budget, config.layer_replay_evals,  # type: ignore[arg-type]
+                if replayer is not None and layers is not None:
+                    replayer = LayerReplayer(problem, layers, budget, config.layer_replay_evals,
                                              None if config.deterministic else t0 + time_budget_s)
                 log.info("solve %s: round %d (free window): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
             continue
@@ -417,7 +417,7 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
             round_s = min(left, max(MIN_ROUND_S, left / 3))
         solver = _solver(config, round_s, lns=True)
         status = solver.Solve(builder.model, _Callback(progress, t0))
-        paid[False][0] += _work(config, solver, round_s)
+        paid[False][0] += round_cost(config.deterministic, solver, round_s)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             continue
         sched = decode(builder, solver)
@@ -440,28 +440,14 @@ def _neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: 
                   exact=not problem.link_contention, stats=stats)
 
 
-def _rate(paid: list) -> float:
-    """How well a kind of neighbourhood round has paid for its work: (gains + 1) / (seconds + 1).
-    Seconds, not rounds: on the 4-node forward a fixed round took a fraction of a free one, and
-    counting rounds gave free windows the time the fixed rounds' gains needed (10 s wall clock:
-    71.72 ms against 71.01 ms without free windows)."""
-    return (paid[1] + 1) / (paid[0] + 1.0)
-
-
-def _work(config: SolveConfig, solver: cp_model.CpSolver, round_s: float) -> float:
-    """A round's cost for :func:`_rate`: its wall time; in deterministic mode the round's budget
-    (the same on every rank; CP-SAT's own deterministic time leaves presolve out)."""
-    return round_s if config.deterministic else solver.WallTime()
-
-
 def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule, best_res: SimResult,
                 size: int, tried: set[tuple[str, ...]], round_s: float,
                 progress: Callable[[Progress], None] | None, t0: float,
                 stats: dict[str, int]) -> tuple[Schedule, SimResult, float] | None:
     """One free-order window round around the incumbent's most exposed untried collective
     (:func:`.cpsat_window.free_window`): its simulated answer (the incumbent when CP-SAT found
-    nothing) and its cost (:func:`_work`); None when every exposed collective was tried at this
-    size."""
+    nothing) and its cost (:func:`.cpsat_window.round_cost`); None when every exposed collective
+    was tried at this size."""
     window = free_window(problem, best, best_res, size, tried)
     if window is None:
         return None
@@ -476,7 +462,7 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     stats["free_rounds"] = stats.get("free_rounds", 0) + 1
     solver = _solver(config, round_s, lns=True)
     status = solver.Solve(builder.model, _Callback(progress, t0))
-    work = _work(config, solver, round_s)
+    work = round_cost(config.deterministic, solver, round_s)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return best, best_res, work
     sched = decode(builder, solver)

@@ -11,10 +11,13 @@ its key, in the incumbent's order. The model then needs order literals only betw
 (:meth:`.cpsat_model.ModelBuilder._window_order`), and buckets stay the incumbent's.
 
 Entry points: :func:`window_frame` builds the frame, :func:`free_window` picks the window
-around the incumbent's most exposed collective not tried yet.
+around the incumbent's most exposed collective not tried yet, and :func:`paid_rate` (with
+:func:`round_cost`) says whether free windows or fixed rounds have paid more so far.
 """
 
 from __future__ import annotations
+
+from ortools.sat.python import cp_model
 
 from .cpsat_frame import Frame, FrameOptions, ItemKind, build_frame
 from .cpsat_hint import chosen_candidates, item_anchors
@@ -73,3 +76,17 @@ def free_window(problem: ScheduleProblem, sched: Schedule, res: SimResult, size:
     lo = timed[first] if first > 0 else 0
     hi = timed[last] if last < len(timed) else len(sched.order)
     return t.members, lo, hi
+
+
+def paid_rate(paid: list) -> float:
+    """How well a kind of neighbourhood round has paid for its work: (gains + 1) / (seconds + 1),
+    ``paid`` being ``[seconds, gains]``. Seconds, not rounds: on the 4-node forward a fixed round
+    took a fraction of a free one, and counting rounds gave free windows the time the fixed
+    rounds' gains needed (10 s wall clock: 71.72 ms against 71.01 ms without free windows)."""
+    return (paid[1] + 1) / (paid[0] + 1.0)
+
+
+def round_cost(deterministic: bool, solver: cp_model.CpSolver, round_s: float) -> float:
+    """A round's cost for :func:`paid_rate`: its wall time; in deterministic mode the round's
+    budget (the same on every rank; CP-SAT's own deterministic time leaves presolve out)."""
+    return round_s if deterministic else solver.WallTime()
