@@ -11,10 +11,10 @@ count of exposed collectives (DESIGN.md's "hidden" and "hideable" counts) drops.
 Two moves, each scored by the simulator and kept only when the makespan and the peak memory do
 not grow and more hideable collectives are hidden:
 
-* **reorder a run**: each maximal run of waits and zero-cost ops with two or more stalled waits
-  becomes its waits, latest end first, then its zero-cost ops in their old order (waits depend
-  only on their collectives, issued before the run; zero-cost ops that read a wait come after
-  it);
+* **reorder a run**: each maximal run of waits, zero-cost ops and lone collective issues with two
+  or more stalled waits becomes the waits and zero-cost ops its issues need (old order), its
+  issues, its other waits latest end first, then its other zero-cost ops in their old order
+  (zero-cost ops that read a wait come after it; an invalid order is rejected by the check);
 * **sink then reorder**: a stalled wait, with what depends on it up to the first positive-cost
   compute that needs it, moves there (:func:`..heuristics.sink.sunk`) and may join a later run.
 """
@@ -38,13 +38,15 @@ def _end_by_wait(problem: ScheduleProblem, res: SimResult) -> dict[str, int]:
     return {wait_of[m]: t.end_ns for t in res.collectives for m in t.members}
 
 
-def _runs(problem: ScheduleProblem, order: tuple[str, ...]) -> list[tuple[int, int]]:
-    """Maximal ``[start, stop)`` position ranges holding only waits and zero-cost ops, two waits or more."""
+def _runs(problem: ScheduleProblem, order: tuple[str, ...], bucketed: frozenset[str] = frozenset()
+          ) -> list[tuple[int, int]]:
+    """Maximal ``[start, stop)`` position ranges holding only waits, zero-cost ops and lone
+    collectives (not in ``bucketed``: a bucket's issue runs its copy-in), two waits or more."""
     ops = problem.op_by_name
     out, start, waits = [], None, 0
     for p, name in enumerate(order + ("",)):
         kind = ops[name].kind if name else None
-        if kind in (OpKind.WAIT, OpKind.ZERO):
+        if kind in (OpKind.WAIT, OpKind.ZERO) or (kind is OpKind.COLLECTIVE and name not in bucketed):
             start = p if start is None else start
             waits += kind is OpKind.WAIT
             continue
@@ -55,17 +57,35 @@ def _runs(problem: ScheduleProblem, order: tuple[str, ...]) -> list[tuple[int, i
 
 
 def reordered_runs(problem: ScheduleProblem, schedule: Schedule, res: SimResult) -> Schedule:
-    """``schedule`` with every run of waits that stalls more than once ordered latest end first."""
-    ops = problem.op_by_name
+    """``schedule`` with every run of waits that stalls more than once ordered latest end first.
+
+    A lone collective issued inside the run (the last gradient reduction of a backward, say)
+    goes first, after the waits and zero-cost ops it needs (in their old order), so that it no
+    longer splits the run; when it needs a wait of one issued in the run, the issues stay and
+    only the waits between them are reordered."""
+    ops, index = problem.op_by_name, problem.index
     end = _end_by_wait(problem, res)
     stalled = {problem.wait_of[m] for t in res.collectives if t.exposed_ns > 0 for m in t.members}
     order = list(schedule.order)
-    for a, b in _runs(problem, schedule.order):
+
+    def latest_first(run: list[str]) -> list[str]:
+        waits = sorted((n for n in run if ops[n].kind is OpKind.WAIT), key=lambda n: -end[n])  # stable
+        return waits + [n for n in run if ops[n].kind is not OpKind.WAIT]
+
+    for a, b in _runs(problem, schedule.order, frozenset(m for bk in schedule.buckets for m in bk)):
         run = order[a:b]
         if sum(n in stalled for n in run) < 2:
             continue
-        waits = sorted((n for n in run if ops[n].kind is OpKind.WAIT), key=lambda n: -end[n])  # stable
-        order[a:b] = waits + [n for n in run if ops[n].kind is not OpKind.WAIT]
+        issues = [n for n in run if ops[n].kind is OpKind.COLLECTIVE]
+        feeds = 0  # ancestors of the run's issues
+        for n in issues:
+            feeds |= problem.ancestors[index[n]]
+        first = [n for n in run if feeds >> index[n] & 1 and ops[n].kind is not OpKind.COLLECTIVE]
+        if any(ops[n].waits_on in issues for n in first):
+            cuts = [0, *(k for k, n in enumerate(run) if n in issues), len(run)]
+            order[a:b] = [n for x, y in zip(cuts, cuts[1:]) for n in latest_first(run[x:y])]
+            continue
+        order[a:b] = first + issues + latest_first([n for n in run if n not in first and n not in issues])
     return Schedule(tuple(order), schedule.buckets, schedule.multi_dtype)
 
 

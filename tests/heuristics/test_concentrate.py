@@ -54,6 +54,22 @@ def test_a_stalled_wait_sinks_into_the_next_run() -> None:
     assert (r.makespan_ns, r.exposed_ns, r.n_hidden_hideable) == (65, 45, 1)
 
 
+def test_a_collective_issued_inside_a_run_goes_first() -> None:
+    """c1 (30 ns) issued at 0, x 0..10, w1 stalls 20 (to 30), then c2 (30 ns, independent) issued
+    at 30 runs 30..60 and w2 stalls 30: makespan 60, both exposed. Issuing c2 before the waits
+    (at 10, it queues behind c1: 30..60) and waiting on it first stalls 50 once; c1 has ended by
+    then. Same makespan and exposed time, one exposed collective instead of two."""
+    p = make_problem([coll("c1", "A", AG, runtime_ns=30), compute("x", 10, heavy=True), wait("w1", "c1"),
+                      coll("c2", "A", AG, runtime_ns=30), wait("w2", "c2")])
+    base = Schedule.original(p)
+    r0 = simulate(p, base)
+    assert (r0.makespan_ns, r0.exposed_ns, r0.n_hidden_hideable, r0.n_hideable) == (60, 50, 0, 2)
+    out = concentrate_stalls(p, base)
+    assert out.order == ("c1", "x", "c2", "w2", "w1")
+    r = simulate(p, out)
+    assert (r.makespan_ns, r.exposed_ns, r.n_hidden_hideable) == (60, 50, 1)
+
+
 def test_hidden_runs_are_left_alone() -> None:
     """Nothing stalls twice: the schedule comes back unchanged (the same object)."""
     p = _two_gathers()
