@@ -94,6 +94,10 @@ class Frame:
     window: tuple[int, int] | None = None
     comm_times: dict[int, tuple[int, int]] = field(default_factory=dict)  # window rounds: candidates
     # issued before the window: (start, end), constant
+    # window rounds: the incumbent as simulated once (per position the compute clock after it, per
+    # placement its comm (start, end)), for the frozen items and the time hints alike
+    clocks: list[int] = field(default_factory=list)
+    comm_timing: dict[frozenset[str], tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,8 @@ def _time_hints(builder: ModelBuilder, sched: Schedule, anchors: list[tuple[int,
     holds the whole graph, and CP-SAT left to complete a hint of keys alone on a 2k-op backward
     found nothing in 15 s (with these it starts from the incumbent at once)."""
     f, v = builder.frame, builder.v
-    clocks = position_clocks(f.problem, sched)
+    # the window frame simulated the incumbent already; a frame built otherwise simulates it here
+    clocks = f.clocks or position_clocks(f.problem, sched)
     out: list[tuple[object, int]] = []
     for a, i in anchors:
         it = f.items[i]
@@ -131,10 +132,11 @@ def _time_hints(builder: ModelBuilder, sched: Schedule, anchors: list[tuple[int,
         end = clocks[a]
         start = clocks[a - 1] if it.kind is ItemKind.WAIT and a > 0 else end - it.cost_ns
         out += [(v.start[i], start), (v.end[i], end)]
-    timing = {frozenset(t.members): t for t in simulate(f.problem, sched).collectives}
+    timing = f.comm_timing or {frozenset(t.members): (t.start_ns, t.end_ns)
+                               for t in simulate(f.problem, sched).collectives}
     for c in f.candidates:
         if c.index not in f.comm_times and (t := timing.get(frozenset(c.members))) is not None:
-            out += [(v.comm_start[c.index], t.start_ns), (v.comm_end[c.index], t.end_ns)]
+            out += [(v.comm_start[c.index], t[0]), (v.comm_end[c.index], t[1])]
     return out
 
 

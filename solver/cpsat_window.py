@@ -49,11 +49,11 @@ def window_frame(problem: ScheduleProblem, sched: Schedule, lo: int, hi: int) ->
     if span is None:
         return None
     frame.window = span
-    timing = {frozenset(t.members): t for t in simulate(problem, sched).collectives}
+    frame.clocks = clocks
+    frame.comm_timing = {frozenset(t.members): (t.start_ns, t.end_ns) for t in simulate(problem, sched).collectives}
     for c in frame.candidates:
         if frame.items[frame.issue_item[c.index]].times is not None:
-            t = timing[frozenset(c.members)]
-            frame.comm_times[c.index] = (t.start_ns, t.end_ns)
+            frame.comm_times[c.index] = frame.comm_timing[frozenset(c.members)]
     return frame
 
 
