@@ -266,7 +266,7 @@ class ModelBuilder:
 
     def _precede(self, a: Item, b: Item, enf: list) -> None:
         """Under ``enf`` (and both present): a runs before b."""
-        m, v = self.model, self.v
+        v = self.v
         enf = enf + [v.present[i.index] for i in (a, b) if v.present[i.index] is not True]
         self._ge(v.key[b.index], v.key[a.index] + len(a.ops), enf)
         self._ge(v.start[b.index], v.end[a.index], enf)
@@ -304,7 +304,7 @@ class ModelBuilder:
 
     def pins(self) -> None:
         """User pins (a, b): op a runs before op b."""
-        m, v, f = self.model, self.v, self.frame
+        v, f = self.v, self.frame
         for a, b in self.pinned:
             for ia, oa in f.op_items[a]:
                 for ib, ob in f.op_items[b]:

@@ -1,6 +1,6 @@
 """Replaying a neighbourhood round's improvement in every isomorphic layer (``solver/layers.py``).
 
-The neighbourhood search (``cpsat._neighbourhood_solve``) works in fixed heavy-compute order: the
+The neighbourhood search (``cpsat_lns.neighbourhood_solve``) works in fixed heavy-compute order: the
 **backbone** (every op but the collectives, their producer-only chains and their waits) keeps
 its order, and a round moves **units** (a collective with its chain, and its wait) and changes
 buckets. When a round improves the incumbent ``s0`` to ``s1`` with a change local to one layer,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
+from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.critical_path import critical_path_schedule
 from ..heuristics.fill import fill_stalls
 from ..heuristics.overlap import OverlapConfig, overlap_schedule
@@ -20,7 +21,7 @@ from .schedule import Schedule
 from .simulator import simulate
 
 if TYPE_CHECKING:
-    from .cpsat import SolveConfig
+    from .cpsat_config import SolveConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ WARM_START_SHARE = 0.6
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
 CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
+POLISH_TRIES = 16  # stalls tried by the last step (concentrate.py: compute pulled into small stalls)
 BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
 
 
@@ -49,6 +51,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), the order rebuilt
     longest path first (:func:`..heuristics.critical_path.critical_path_schedule`, at most
     ``critical_builds`` rebuilds; None: its default), deferred again, stalls filled and waits sunk.
+    Last, compute pulled into small stalls and runs of stalled waits concentrated
+    (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
     The two deferrals share ``defer_moves`` tries (and, with a ``deadline``, the time left). With a
     ``deadline`` (wall-clock solves only) the tries after the first, and the later steps, stop once
     it has passed."""
@@ -102,11 +106,17 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         return critical_path_schedule(problem, s, budget_bytes=budget_bytes, deadline=deadline,
                                       max_builds=critical_builds)
 
+    def polish(s: Schedule) -> Schedule:
+        return concentrate_stalls(problem, s, max_tries=POLISH_TRIES, deadline=deadline,
+                                  keep_heavy_order=config.mode == "fixed")
+
     steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink)]
     if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
         steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
                   ("pipeline", pipeline), ("critical", critical), ("defer", defer(deadline)), ("fill", fill),
                   ("sink", sink)]
+    if config.polish:
+        steps.append(("polish", polish))
     for step, fn in steps:
         new = fn(sched)
         if new != sched:

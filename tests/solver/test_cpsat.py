@@ -311,3 +311,21 @@ def test_warm_start_runs_critical_path_in_free_mode_only(monkeypatch) -> None:
     assert seen == [7, 12]
     solve(p, 2.0, SolveConfig(mode="free", workers=1, deterministic=False))
     assert seen == [7, 12, None]
+
+
+def test_polish_may_leave_the_fixed_model_and_reports_a_valid_bound() -> None:
+    """c (30 ns) issued first; a (20 ns); d (10 ns) needs c's wait; b (15 ns) needs nothing. The
+    fixed-order model keeps a, d, b in order: the wait stalls 10 ns before d, makespan 55 (proven
+    optimal in that space). The final polish pulls b in front of the wait (no heavy op passes
+    another): a, b run 0..35, c ended at 30, d 35..45: makespan 45, the total compute, so the
+    structural bound proves it optimal; the model's 55 ns bound is not reported for it."""
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    p = make_problem([coll("c", "A", AG, runtime_ns=30), compute("a", 20), wait("w", "c"),
+                      compute("d", 10, deps=["w"]), compute("b", 15)])
+    plain = solve(p, 5, SolveConfig(mode="fixed", polish=False, **EXACT))
+    assert (plain.status, plain.objective, plain.lower_bound) == (Status.OPTIMAL, 55, 55)
+    res = solve(p, 5, SolveConfig(mode="fixed", **EXACT))
+    assert res.schedule.order.index("b") < res.schedule.order.index("w")
+    assert res.objective == simulate(p, res.schedule).makespan_ns == 45
+    assert (res.status, res.lower_bound) == (Status.OPTIMAL, 45)
