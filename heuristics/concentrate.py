@@ -19,8 +19,8 @@ the makespan drops, or stays and more hideable collectives are hidden:
 * **sink then reorder**: a stalled wait, with what depends on it up to the first positive-cost
   compute that needs it, moves there (:func:`..heuristics.sink.sunk`) and may join a later run;
 * **pull**: the first compute op after a stalled wait that does not need it (nor anything but
-  zero-cost ops between them) and lasts at least the stall moves just before the wait
-  (:func:`pulled`). CP-SAT's window rounds stop on time, and their answers keep such stalls of a
+  zero-cost ops between them) and lasts at least the stall moves just before the wait, else the
+  first such ops that last that long together (:func:`pulled`). CP-SAT's window rounds stop on time, and their answers keep such stalls of a
   few microseconds (on the tensor-parallel backward's answers, 6.9 us under 148 us collectives):
   pulls took one answer from 190 to 196 of 200 hidden and 56.43 to 56.32 ms.
 """
