@@ -152,6 +152,8 @@ def concentrate_stalls(problem: ScheduleProblem, schedule: Schedule, *, max_trie
     ``keep_heavy_order``, no heavy op passes another). ``deadline`` (a ``time.perf_counter()``
     value) stops the tries early.
     """
+    if deadline is not None and time.perf_counter() > deadline:
+        return schedule  # each pass simulates the whole graph (a third of a second at 80 layers)
     best, res = schedule, simulate(problem, schedule)
     cand = reordered_runs(problem, best, res)
     if cand.order != best.order and (r := _kept(problem, cand, res)) is not None:

@@ -93,6 +93,15 @@ def test_compute_is_pulled_into_a_stall() -> None:
     assert (r.makespan_ns, r.exposed_ns, r.n_hidden_hideable) == (45, 0, 1)
 
 
+def test_a_passed_deadline_changes_nothing() -> None:
+    """The pull case would gain 10 ns, but its deadline has passed: the same object comes back."""
+    import time
+
+    p = _pull_case(heavy=False)
+    base = Schedule.original(p)
+    assert concentrate_stalls(p, base, deadline=time.perf_counter() - 1.0) is base
+
+
 def test_several_ops_are_pulled_when_none_covers_the_stall() -> None:
     """As the pull case with b split in b1 (6 ns) and b2 (6 ns, needs b1): no single op covers
     the 10 ns stall; accumulating pulls both (12 ns): a 0..20, b1, b2 20..32, c ended at 30, d
