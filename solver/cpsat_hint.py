@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from .cpsat_frame import Frame, ItemKind
 from .schedule import Schedule
-from .simulator import position_clocks, simulate
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
@@ -113,17 +112,18 @@ def hint_values(builder: ModelBuilder, sched: Schedule) -> list[tuple[object, in
         if a in keys and b in keys:
             out.append((lit, int(keys[a] < keys[b])))
     if f.window is not None:
-        out += _time_hints(builder, sched, anchors)
+        out += _time_hints(builder, anchors)
     return out
 
 
-def _time_hints(builder: ModelBuilder, sched: Schedule, anchors: list[tuple[int, int]]) -> list[tuple[object, int]]:
-    """The simulated times of ``sched`` for every item and collective: a window round's model
+def _time_hints(builder: ModelBuilder, anchors: list[tuple[int, int]]) -> list[tuple[object, int]]:
+    """The simulated times of the window frame's incumbent (``Frame.clocks``, ``Frame.comm_timing``,
+    from :func:`.cpsat_window.window_frame`) for every item and collective: a window round's model
     holds the whole graph, and CP-SAT left to complete a hint of keys alone on a 2k-op backward
-    found nothing in 15 s (with these it starts from the incumbent at once)."""
+    found nothing in 15 s (with these it starts from the incumbent at once). The hint of a window
+    round is that incumbent."""
     f, v = builder.frame, builder.v
-    # the window frame simulated the incumbent already; a frame built otherwise simulates it here
-    clocks = f.clocks or position_clocks(f.problem, sched)
+    clocks = f.clocks
     out: list[tuple[object, int]] = []
     for a, i in anchors:
         it = f.items[i]
@@ -132,10 +132,8 @@ def _time_hints(builder: ModelBuilder, sched: Schedule, anchors: list[tuple[int,
         end = clocks[a]
         start = clocks[a - 1] if it.kind is ItemKind.WAIT and a > 0 else end - it.cost_ns
         out += [(v.start[i], start), (v.end[i], end)]
-    timing = f.comm_timing or {frozenset(t.members): (t.start_ns, t.end_ns)
-                               for t in simulate(f.problem, sched).collectives}
     for c in f.candidates:
-        if c.index not in f.comm_times and (t := timing.get(frozenset(c.members))) is not None:
+        if c.index not in f.comm_times and (t := f.comm_timing.get(frozenset(c.members))) is not None:
             out += [(v.comm_start[c.index], t[0]), (v.comm_end[c.index], t[1])]
     return out
 

@@ -38,6 +38,7 @@ from .layers import LayerStructure
 from .problem import ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
+from .warm_start import POLISH_TRIES
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,6 @@ def deterministic_rounds(max_rounds: int, time_budget_s: float, n_items: int) ->
 
 
 MIN_ROUND_S = 4.0
-POLISH_TRIES = 16  # stalls tried per gain by _polished
 ROUND_S_PER_ITEM = 0.003  # deterministic rounds: measured wall cost of a window round per frame item
 LNS_REF_ITEMS = 2000  # deterministic rounds: their units shrink in proportion past this many items
 MAX_RADIUS_FACTOR = 8  # windows stop widening at this multiple of lns_radius

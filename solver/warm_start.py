@@ -34,7 +34,7 @@ WARM_START_SHARE = 0.6
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
 CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
-POLISH_TRIES = 16  # stalls tried by the last step (concentrate.py: compute pulled into small stalls)
+POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step here, and each search gain
 BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
 
 
