@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .memory_cuts import bucket_size_caps
 from .problem import OpKind, ScheduleProblem
 
 
@@ -189,8 +190,9 @@ def _linear_slope(hull: list[tuple[float, float]], conc) -> float:
     return s
 
 
-def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
-    """A lower bound valid for every schedule, with any bucketing and any compute order.
+def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | None = None) -> MakespanBound:
+    """A lower bound valid for every schedule, with any bucketing and any compute order (within
+    ``memory_budget_bytes`` when given).
 
     Each collective ``c`` has a head ``r(c)`` (the compute it depends on: it cannot start before
     that has run) and a tail ``q(c)`` (the compute that depends on it: it runs after ``c`` ends).
@@ -203,6 +205,11 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
     that mixes members in and out of ``S`` still costs at least ``g`` of its ``S`` bytes, since
     ``g`` is non-decreasing (a concave minorant serves too: see :func:`_comm_lb_fn`). With the
     total compute and the chain bound (:func:`_chain_bound`) this is the bound.
+
+    With a memory budget, a bucket holding ``c`` is at most ``cap(c)`` bytes
+    (:func:`.memory_cuts.bucket_size_caps`), so ``c`` pays at least ``g(cap)/cap`` per byte,
+    ``g`` the concave minorant (``g(x)/x`` falls as ``x`` grows): :func:`_budget_prices`. Then
+    ``comm(S)`` is also at least the sum of its members' bytes at their prices.
     """
     weights = np.array([op.runtime_ns if op.kind in (OpKind.COMPUTE, OpKind.ZERO) else 0 for op in problem.ops],
                        dtype=np.int64)
@@ -216,6 +223,7 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
     by_group: dict[str, list] = {}
     for c in problem.collectives:
         by_group.setdefault(c.collective.group, []).append(c)  # type: ignore[union-attr]
+    prices = _budget_prices(problem, memory_budget_bytes) if memory_budget_bytes is not None else {}
     for g, cols in by_group.items():
         kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
         heads = np.array([weights[anc[c.name]].sum() for c in cols], dtype=np.int64)
@@ -224,10 +232,11 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
         kind_masks = [np.array([c.collective.kind == k for c in cols]) for k in kinds]  # type: ignore[union-attr]
         fns = [_comm_lb_fn(problem, g, k, [c for c, m in zip(cols, km) if m]) for k, km in zip(kinds, kind_masks)]
         lbs = [f for f, _ in fns]
+        priced = np.array([prices.get(c.name, 0.0) for c in cols]) * size  # what each pays at least
         for c, sz in zip(cols, size):
             lb_fn, slope = fns[kinds.index(c.collective.kind)]  # type: ignore[union-attr]
             rt_min[c.name] = int(np.floor(lb_fn(1, float(sz))))
-            per_byte[c.name] = slope
+            per_byte[c.name] = max(slope, prices.get(c.name, 0.0))
         for t in np.unique(heads):
             in_t = heads >= t
             for u in np.unique(tails[in_t]):
@@ -237,7 +246,7 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
                     sel = s & km
                     cnt = int(sel.sum())
                     if cnt:
-                        comm += lb_fn(cnt, float(size[sel].sum()))
+                        comm += max(lb_fn(cnt, float(size[sel].sum())), float(priced[sel].sum()))
                 lb = int(heads[s].min()) + int(tails[s].min()) + int(np.floor(comm))
                 if lb > best:
                     best, limiting = lb, f"group {g}: {int(s.sum())} collectives after {int(heads[s].min())} ns"
@@ -249,6 +258,33 @@ def makespan_lower_bound(problem: ScheduleProblem) -> MakespanBound:
         if total + exposed > best:
             best, limiting = total + exposed, f"compute deferred past {name}"
     return MakespanBound(best, total, limiting)
+
+
+def _budget_prices(problem: ScheduleProblem, budget_bytes: int) -> dict[str, float]:
+    """Per collective: a cost per byte of its own that every schedule within ``budget_bytes`` pays.
+
+    A bucket ``B`` holding ``c`` is no larger than ``cap(c)`` and costs at least
+    ``g(size(B)) = size(B) * g(size(B))/size(B) >= sum of size(m) * g(cap(m))/cap(m)`` over its
+    members, since ``g(x)/x`` does not grow with ``x`` (``g`` concave, ``g(0) >= 0``). Alone, ``c``
+    costs its runtime, at least ``g(size(c))``: so the price is ``g(x)/x`` at
+    ``x = max(cap(c), size(c))``. Kinds without a concave minorant get none.
+    """
+    caps = bucket_size_caps(problem, budget_bytes)
+    by_key: dict[tuple, list] = {}
+    for c in problem.collectives:
+        by_key.setdefault((c.collective.group, c.collective.kind), []).append(c)  # type: ignore[union-attr]
+    out: dict[str, float] = {}
+    for (g, kind), cols in by_key.items():
+        curve = problem.curve_by_key.get((g, kind))
+        conc = _concave_minorant(curve, cols) if curve is not None else None
+        if conc is None:
+            continue
+        lam, lines = conc
+        for c in cols:
+            x = max(caps.get(c.name, np.inf), float(c.collective.size_bytes))  # type: ignore[union-attr]
+            if np.isfinite(x) and x > 0:
+                out[c.name] = lam * min(a / x + b for a, b in lines)
+    return out
 
 
 def _deferral_bound(problem: ScheduleProblem, cols: list, weights: np.ndarray, anc: dict[str, np.ndarray],

@@ -7,9 +7,9 @@ The model (cpsat_frame / cpsat_model / cpsat_memory) decides buckets, issue and 
 and FIFO orders; the returned schedule is always re-scored by :func:`simulate`, and
 ``Result.objective`` is that simulated makespan. ``lower_bound`` is CP-SAT's proven bound on
 the makespan over the modelled space (the mode, bucket candidates, slots and windows of the
-config), never below :func:`bounds.makespan_lower_bound` (valid for every schedule); when the
-final polish (compute pulled into stalls) leaves that space with a shorter schedule, the
-structural bound alone.
+config), never below :func:`bounds.makespan_lower_bound` (valid for every schedule within the
+memory budget); when the final polish (compute pulled into stalls) leaves that space with a
+shorter schedule, the structural bound alone.
 
 Determinism (every rank must apply the same schedule): with ``deterministic=True`` (default)
 the search is limited by ``max_deterministic_time`` only, with a fixed seed and worker count
@@ -72,14 +72,14 @@ def solve(
     same stall, and compute is pulled into small stalls left by a search stopped on time
     (:func:`..heuristics.concentrate.concentrate_stalls`; makespan and peak no worse, the
     objective updated when the makespan drops; ``model_objective`` stays CP-SAT's own), with
-    fewer tries on larger graphs and, on a wall clock, within 2% of the budget past it.
+    fewer tries on larger graphs and, on a wall clock, only while the budget lasts.
     """
     t0 = time.perf_counter()
     res = _solve(problem, time_budget_s, config, hint, progress, t0)
     if res.status is Status.INFEASIBLE or not config.polish:
         return res
     tries = max(4, int(64 * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
-    deadline = None if config.deterministic else max(time.perf_counter(), t0 + time_budget_s) + 0.02 * time_budget_s
+    deadline = None if config.deterministic else t0 + time_budget_s  # skipped when the search used it all
     sched = concentrate_stalls(problem, res.schedule, max_tries=tries, deadline=deadline,
                                keep_heavy_order=config.mode == "fixed")
     if sched is res.schedule:
@@ -88,7 +88,8 @@ def solve(
     status, lower = res.status, res.lower_bound
     if r.makespan_ns < lower:  # outside the modelled space (light compute moved in fixed mode): only
         # the structural bound holds for it
-        status, lower = Status.FEASIBLE, min(lower, makespan_lower_bound(problem).makespan_ns)
+        floor = makespan_lower_bound(problem, resolve_budget(problem, config.memory_budget)).makespan_ns
+        status, lower = Status.FEASIBLE, min(lower, floor)
     return dataclasses.replace(res, schedule=sched, objective=r.makespan_ns, peak_memory_bytes=r.peak_memory_bytes,
                                status=proven(status, r.makespan_ns, lower), lower_bound=lower,
                                runtime=time.perf_counter() - t0)
@@ -108,8 +109,9 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     h_name, h_sched = (("hint", hint) if hint is not None
                        else warm_start(problem, budget, config, deadline, moves, builds))
     h_res = simulate(problem, h_sched)
-    # a bound valid for every schedule (any order, any buckets): the floor of every reported bound
-    floor_ns = makespan_lower_bound(problem).makespan_ns
+    # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
+    # reported bound
+    floor_ns = makespan_lower_bound(problem, budget).makespan_ns
     n_free = sum(op.kind is not OpKind.ZERO for op in problem.ops)
     if config.mode == "free" and n_free * (n_free - 1) // 2 > 4 * config.max_order_literals:
         frame, pairs = None, n_free * (n_free - 1) // 2  # far too large for a free frame: skip building it

@@ -116,9 +116,12 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             left = time_budget_s - (time.perf_counter() - t0)
             if not config.deterministic and left <= 0:
                 break
+            if not config.deterministic and left <= stats.get("free_build_ms", 0) / 1000:
+                free_windows = False  # no time to search once a window's model is built: fixed rounds
+                continue  # (built in a fraction of that) may use the rest
             got = _free_round(problem, config, budget, best, best_res, free_size, free_tried,
                               round_s if config.deterministic else min(left, max(MIN_ROUND_S, left / 2)),
-                              progress, t0, stats)
+                              deadline, progress, t0, stats)
             if got is None:  # every exposed collective tried at this size: widen (up to 4x), then stop
                 if free_size >= 4 * config.free_window:
                     free_windows = False
@@ -151,6 +154,8 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             window = _window(best_res, size, tried)
             if window is None:  # no collectives at all
                 break
+        if not config.deterministic and time_budget_s - (time.perf_counter() - t0) <= stats.get("build_ms", 0) / 1000:
+            break  # the time left would go on building the model
         tried.add(window[0])
         centers = centers_of(problem, full, best)
         moves = bucket_moves(problem, Schedule(best.order, tuple(b for b in best.buckets if set(b) & window[1]),
@@ -205,17 +210,19 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
 
 
 def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule, best_res: SimResult,
-                size: int, tried: set[tuple[str, ...]], round_s: float,
+                size: int, tried: set[tuple[str, ...]], round_s: float, deadline: float | None,
                 progress: Callable[[Progress], None] | None, t0: float,
                 stats: dict[str, int]) -> tuple[Schedule, SimResult, float] | None:
     """One free-order window round around the incumbent's most exposed untried collective
     (:func:`.cpsat_window.free_window`): its simulated answer (the incumbent when CP-SAT found
     nothing) and its cost (:func:`.cpsat_window.round_cost`); None when every exposed collective
-    was tried at this size."""
+    was tried at this size. On a wall clock the search gets ``round_s`` but ends by ``deadline``
+    (building a large window's model takes seconds)."""
     window = free_window(problem, best, best_res, size, tried)
     if window is None:
         return None
     tried.add(window[0])
+    t_build = time.perf_counter()
     frame = window_frame(problem, best, window[1], window[2])
     if frame is None:
         return best, best_res, 0.0
@@ -224,6 +231,11 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     builder.minimize_makespan()
     add_hint(builder, best)
     stats["free_rounds"] = stats.get("free_rounds", 0) + 1
+    stats["free_build_ms"] = max(stats.get("free_build_ms", 0), int(1000 * (time.perf_counter() - t_build)))
+    if deadline is not None:
+        round_s = min(round_s, deadline - time.perf_counter())
+        if round_s <= 0:
+            return best, best_res, 0.0
     solver = make_solver(config, round_s, lns=True)
     status = _run(solver, builder, config, progress, t0)
     work = round_cost(config.deterministic, solver, round_s)

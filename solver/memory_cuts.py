@@ -1,0 +1,175 @@
+"""Memory that must be live when a bucket's buffers peak, and the bucket sizes a budget allows.
+
+A bucket of two or more collectives has one moment where all of its buffers are live at once
+(DESIGN.md, "Memory"; :func:`simulator.memory_curve`):
+
+* all_gather / all_to_all: at the bucket's wait, the flat input and output buffers (from the
+  issue) and the members' outputs (copied out there);
+* reduce_scatter / all_reduce: at its issue, the members' inputs (the copy-in reads them), the
+  flat input buffer and the members' outputs (views of the flat output).
+
+Whatever else is live then comes on top. For a member ``j``, every op ``j`` depends on runs
+before that moment and everything after ``j``'s wait runs after it, whatever the order. The
+least memory over all such splits of the program is a minimum cut (a closure problem): a
+storage counts when something that proves it allocated runs before the split and one of its
+users after it. So a bucket holding ``j`` fits only if ``cut(j) + spike(bucket) <= budget``,
+which caps the size of every bucket ``j`` can join. :func:`bucket_size_caps` computes the caps;
+:mod:`.bounds` turns them into a cost per byte every schedule pays.
+
+Why not torch's ``memory_estimator``: it follows one given order, and this needs the least
+memory over every order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ortools.graph.python import max_flow
+
+from .problem import Op, OpKind, ScheduleProblem
+
+_INF = 1 << 55  # above any sum of storage sizes
+
+
+def spike_bytes(problem: ScheduleProblem, op: Op, users: dict[str, list[str]] | None = None) -> int:
+    """What collective ``op`` adds to its bucket's buffer peak (see the module doc).
+
+    An input storage counts only when ``op`` (or its wait) is its one user, so the cut, which
+    counts it only while a user is still to run, never counts it twice.
+    """
+    info = op.collective
+    assert info is not None
+    sizes = problem.storage_by_name
+    out = info.bytes_in + sum(sizes[s].size_bytes for s in op.allocates)
+    if info.kind.bucket_copies_out:
+        return out + info.bytes_out
+    own = {op.name, problem.wait_of.get(op.name)}
+    users = storage_users(problem) if users is None else users
+    return out + sum(
+        sizes[s].size_bytes for s in op.uses
+        if not sizes[s].never_freed and set(users.get(s, ())) <= own
+    )
+
+
+def storage_users(problem: ScheduleProblem) -> dict[str, list[str]]:
+    """Storage name -> the ops that read it."""
+    out: dict[str, list[str]] = {}
+    for op in problem.ops:
+        for s in op.uses:
+            out.setdefault(s, []).append(op.name)
+    return out
+
+
+class CutGraph:
+    """The closure-problem network of one problem, built once; :meth:`live_bytes` solves one cut.
+
+    Nodes: ops, a source (runs before the split), a sink (after it), and two nodes per storage
+    joined by an arc of the storage's size. An op on the source side pulls its dependencies
+    there; a storage's arc is cut when one of its witnesses runs before the split (its
+    allocator, or for a collective's output a consumer or the wait, which come after the
+    output exists) and one of its users after it.
+    """
+
+    def __init__(self, problem: ScheduleProblem):
+        self.problem = problem
+        n = len(problem.ops)
+        self.source, self.sink = n, n + 1
+        index = problem.index
+        tails: list[int] = []
+        heads: list[int] = []
+        caps: list[int] = []
+
+        def arc(a: int, b: int, c: int) -> None:
+            tails.append(a)
+            heads.append(b)
+            caps.append(c)
+
+        for op in problem.ops:
+            for d in op.deps:
+                arc(index[op.name], index[d], _INF)
+        allocator: dict[str, Op] = {s: op for op in problem.ops for s in op.allocates}
+        readers = storage_users(problem)
+        node = n + 2
+        for st in problem.storages:
+            users = [index[u] for u in readers.get(st.name, ())]
+            maker = allocator.get(st.name)
+            if maker is not None and maker.kind is OpKind.COLLECTIVE:
+                users = [u for u in users if u != index[maker.name]]
+                witnesses = users  # the output exists once a consumer or the wait has run
+            elif st.is_input or maker is None:
+                witnesses = [self.source]
+            else:
+                witnesses = [index[maker.name]]
+            if st.size_bytes == 0 or not witnesses or (not users and not st.never_freed):
+                continue
+            into, out = node, node + 1
+            node += 2
+            for w in witnesses:
+                arc(w, into, _INF)
+            arc(into, out, st.size_bytes)
+            if st.never_freed:
+                arc(out, self.sink, _INF)
+            for u in users:
+                arc(out, u, _INF)
+        self.tails = np.array(tails, dtype=np.int64)
+        self.heads = np.array(heads, dtype=np.int64)
+        self.caps = np.array(caps, dtype=np.int64)
+
+    @property
+    def n_arcs(self) -> int:
+        return len(self.caps)
+
+    def live_bytes(self, before: np.ndarray, after: np.ndarray) -> int:
+        """Least memory live across any split with the ops ``before`` on one side and ``after``
+        on the other (ops given as index arrays)."""
+        flow = max_flow.SimpleMaxFlow()
+        tails = np.concatenate([self.tails, np.full(len(before), self.source), after])
+        heads = np.concatenate([self.heads, before, np.full(len(after), self.sink)])
+        caps = np.concatenate([self.caps, np.full(len(before) + len(after), _INF)])
+        flow.add_arcs_with_capacity(tails, heads, caps)
+        status = flow.solve(self.source, self.sink)
+        if status != flow.OPTIMAL:  # pragma: no cover - integral capacities always solve
+            raise RuntimeError(f"min cut: max-flow status {status}")
+        return int(flow.optimal_flow())
+
+
+def _bits(bits: int, n: int) -> np.ndarray:
+    raw = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+    return np.flatnonzero(np.unpackbits(raw, bitorder="little")[:n])
+
+
+def bucket_size_caps(problem: ScheduleProblem, budget_bytes: int, *, max_arc_work: int = 4_000_000) -> dict[str, float]:
+    """Per collective: the largest summed ``size_bytes`` of a bucket of two or more that holds it
+    and fits ``budget_bytes`` (see the module doc); 0 when no such bucket fits.
+
+    The spike of a bucket is at least ``r * size`` with ``r`` the least spike-to-size ratio of
+    its bucket key. Each cut is one max-flow; collectives are cut, evenly spread in program
+    order, while ``cuts * arcs <= max_arc_work`` (a fixed amount of work, so the result does not
+    depend on the machine); the others get no cap (``inf``).
+    """
+    cols = problem.collectives
+    if not cols:
+        return {}
+    graph = CutGraph(problem)
+    readers = storage_users(problem)
+    ratio: dict[tuple, float] = {}
+    for c in cols:
+        key = c.collective.bucket_key()  # type: ignore[union-attr]
+        size = c.collective.size_bytes  # type: ignore[union-attr]
+        if size > 0:
+            ratio[key] = min(ratio.get(key, np.inf), spike_bytes(problem, c, readers) / size)
+    n_cuts = min(len(cols), max_arc_work // max(graph.n_arcs, 1))
+    chosen = set(np.linspace(0, len(cols) - 1, n_cuts).round().astype(int).tolist()) if n_cuts else set()
+    n = len(problem.ops)
+    index = problem.index
+    caps: dict[str, float] = {}
+    for k, c in enumerate(cols):
+        r = ratio.get(c.collective.bucket_key(), 0.0)  # type: ignore[union-attr]
+        if k not in chosen or r <= 0:
+            caps[c.name] = float("inf")
+            continue
+        i, w = index[c.name], index[problem.wait_of[c.name]]
+        before = np.append(_bits(problem.ancestors[i], n), i)
+        after = np.append(_bits(problem.descendants[w], n), w)
+        live = graph.live_bytes(before, after)
+        caps[c.name] = max(0.0, (budget_bytes - live) / r)
+    return caps
