@@ -110,18 +110,21 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     free_first = not best.buckets
     paid = {True: [0.0 if free_first else MIN_ROUND_S, 0], False: [MIN_ROUND_S if free_first else 0.0, 0]}
     fixed_done = False
+    built: dict[int, float] = {}  # free window size -> longest model build seen (s)
     for rnd in range(rounds):
         rates = (paid_rate(paid[True]), paid_rate(paid[False]))
         if free_windows and (fixed_done or rates[0] > rates[1] or (rates[0] == rates[1] and free_first)):
             left = time_budget_s - (time.perf_counter() - t0)
             if not config.deterministic and left <= 0:
                 break
-            if not config.deterministic and left <= stats.get("free_build_ms", 0) / 1000:
-                free_windows = False  # no time to search once a window's model is built: fixed rounds
-                continue  # (built in a fraction of that) may use the rest
+            # a window's model takes seconds to build, about twice as long at twice the size
+            build_s = built.get(free_size, 2 * max(built.values(), default=0.0))
+            if not config.deterministic and left <= build_s:
+                free_windows = False  # no time to search once it is built: fixed rounds (built in a
+                continue  # fraction of that) may use the rest
             got = _free_round(problem, config, budget, best, best_res, free_size, free_tried,
                               round_s if config.deterministic else min(left, max(MIN_ROUND_S, left / 2)),
-                              deadline, progress, t0, stats)
+                              deadline, progress, t0, stats, built)
             if got is None:  # every exposed collective tried at this size: widen (up to 4x), then stop
                 if free_size >= 4 * config.free_window:
                     free_windows = False
@@ -212,12 +215,12 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
 def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule, best_res: SimResult,
                 size: int, tried: set[tuple[str, ...]], round_s: float, deadline: float | None,
                 progress: Callable[[Progress], None] | None, t0: float,
-                stats: dict[str, int]) -> tuple[Schedule, SimResult, float] | None:
+                stats: dict[str, int], built: dict[int, float]) -> tuple[Schedule, SimResult, float] | None:
     """One free-order window round around the incumbent's most exposed untried collective
     (:func:`.cpsat_window.free_window`): its simulated answer (the incumbent when CP-SAT found
     nothing) and its cost (:func:`.cpsat_window.round_cost`); None when every exposed collective
     was tried at this size. On a wall clock the search gets ``round_s`` but ends by ``deadline``
-    (building a large window's model takes seconds)."""
+    (building a large window's model takes seconds: the longest build per size goes in ``built``)."""
     window = free_window(problem, best, best_res, size, tried)
     if window is None:
         return None
@@ -231,7 +234,7 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     builder.minimize_makespan()
     add_hint(builder, best)
     stats["free_rounds"] = stats.get("free_rounds", 0) + 1
-    stats["free_build_ms"] = max(stats.get("free_build_ms", 0), int(1000 * (time.perf_counter() - t_build)))
+    built[size] = max(built.get(size, 0.0), time.perf_counter() - t_build)
     if deadline is not None:
         round_s = min(round_s, deadline - time.perf_counter())
         if round_s <= 0:
