@@ -150,19 +150,27 @@ def concentrate_stalls(problem: ScheduleProblem, schedule: Schedule, *, max_trie
     at most ``max_tries`` of them, is tried sunk to the compute that needs it with the runs
     reordered again, else with compute pulled in front of it (:func:`pulled`; with
     ``keep_heavy_order``, no heavy op passes another). ``deadline`` (a ``time.perf_counter()``
-    value) stops the tries early.
+    value) stops the tries early: a try starts only if the longest one so far would end by it.
     """
     if deadline is not None and time.perf_counter() > deadline:
         return schedule  # each pass simulates the whole graph (a third of a second at 80 layers)
+    t_sim = time.perf_counter()
     best, res = schedule, simulate(problem, schedule)
+    guess = 4 * (time.perf_counter() - t_sim)  # a try simulates up to four times, until one is timed
+    longest = 0.0
     cand = reordered_runs(problem, best, res)
     if cand.order != best.order and (r := _kept(problem, cand, res)) is not None:
         best, res = cand, r
     tried: set[str] = set()
+    t_try = None
     for _ in range(max_tries):
+        now = time.perf_counter()
+        if t_try is not None:
+            longest = max(longest, now - t_try)
+        t_try = now
         stalled = [t for t in res.collectives if t.exposed_ns > 0]
         untried = sorted((t for t in stalled if t.members[0] not in tried), key=lambda t: -t.exposed_ns)
-        if not untried or (deadline is not None and time.perf_counter() > deadline):
+        if not untried or (deadline is not None and now + (longest or guess) > deadline):
             break
         t = untried[0]
         tried.add(t.members[0])
