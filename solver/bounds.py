@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .memory_cuts import bucket_size_caps
-from .problem import OpKind, ScheduleProblem
+from .problem import OpKind, ScheduleProblem, bit_mask
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,8 @@ class ExposedBound:
     limiting: str  # the collective or group that gives the bound
 
 
-def _mask(bits: int, n: int) -> np.ndarray:
-    """The int bitset ``bits`` over ``n`` ops as a boolean array."""
-    raw = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
-    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
-
-
 def _bit_sum(bits: int, weights: np.ndarray) -> int:
-    return int(weights[_mask(bits, len(weights))].sum())
+    return int(weights[bit_mask(bits, len(weights))].sum())
 
 
 def exposed_lower_bound(problem: ScheduleProblem) -> ExposedBound:
@@ -216,8 +210,8 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
     total = int(weights.sum())
     best, limiting = total, "compute"
     n = len(weights)
-    anc = {c.name: _mask(problem.ancestors[problem.index[c.name]], n) for c in problem.collectives}
-    desc = {c.name: _mask(problem.descendants[problem.index[c.name]], n) for c in problem.collectives}
+    anc = {c.name: bit_mask(problem.ancestors[problem.index[c.name]], n) for c in problem.collectives}
+    desc = {c.name: bit_mask(problem.descendants[problem.index[c.name]], n) for c in problem.collectives}
     rt_min: dict[str, int] = {}  # per collective: the least it can take, alone or in any bucket
     per_byte: dict[str, float] = {}  # per collective: a cost per byte every bucketing pays
     by_group: dict[str, list] = {}

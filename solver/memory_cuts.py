@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from ortools.graph.python import max_flow
 
-from .problem import Op, OpKind, ScheduleProblem
+from .problem import Op, OpKind, ScheduleProblem, bit_mask
 
 _INF = 1 << 55  # above any sum of storage sizes
 
@@ -70,7 +70,6 @@ class CutGraph:
     """
 
     def __init__(self, problem: ScheduleProblem):
-        self.problem = problem
         n = len(problem.ops)
         self.source, self.sink = n, n + 1
         index = problem.index
@@ -87,7 +86,7 @@ class CutGraph:
             for d in op.deps:
                 arc(index[op.name], index[d], _INF)
         allocator: dict[str, Op] = {s: op for op in problem.ops for s in op.allocates}
-        readers = storage_users(problem)
+        self.readers = readers = storage_users(problem)
         node = n + 2
         for st in problem.storages:
             users = [index[u] for u in readers.get(st.name, ())]
@@ -132,11 +131,6 @@ class CutGraph:
         return int(flow.optimal_flow())
 
 
-def _bits(bits: int, n: int) -> np.ndarray:
-    raw = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
-    return np.flatnonzero(np.unpackbits(raw, bitorder="little")[:n])
-
-
 def bucket_size_caps(problem: ScheduleProblem, budget_bytes: int, *, max_arc_work: int = 4_000_000) -> dict[str, float]:
     """Per collective: the largest summed ``size_bytes`` of a bucket of two or more that holds it
     and fits ``budget_bytes`` (see the module doc); 0 when no such bucket fits.
@@ -150,13 +144,12 @@ def bucket_size_caps(problem: ScheduleProblem, budget_bytes: int, *, max_arc_wor
     if not cols:
         return {}
     graph = CutGraph(problem)
-    readers = storage_users(problem)
     ratio: dict[tuple, float] = {}
     for c in cols:
         key = c.collective.bucket_key()  # type: ignore[union-attr]
         size = c.collective.size_bytes  # type: ignore[union-attr]
         if size > 0:
-            ratio[key] = min(ratio.get(key, np.inf), spike_bytes(problem, c, readers) / size)
+            ratio[key] = min(ratio.get(key, np.inf), spike_bytes(problem, c, graph.readers) / size)
     n_cuts = min(len(cols), max_arc_work // max(graph.n_arcs, 1))
     chosen = set(np.linspace(0, len(cols) - 1, n_cuts).round().astype(int).tolist()) if n_cuts else set()
     n = len(problem.ops)
@@ -168,8 +161,8 @@ def bucket_size_caps(problem: ScheduleProblem, budget_bytes: int, *, max_arc_wor
             caps[c.name] = float("inf")
             continue
         i, w = index[c.name], index[problem.wait_of[c.name]]
-        before = np.append(_bits(problem.ancestors[i], n), i)
-        after = np.append(_bits(problem.descendants[w], n), w)
+        before = np.append(np.flatnonzero(bit_mask(problem.ancestors[i], n)), i)
+        after = np.append(np.flatnonzero(bit_mask(problem.descendants[w], n)), w)
         live = graph.live_bytes(before, after)
         caps[c.name] = max(0.0, (budget_bytes - live) / r)
     return caps

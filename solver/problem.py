@@ -20,6 +20,8 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 
 class ProblemError(ValueError):
     """A problem (or schedule file) is malformed; the message names the offending item."""
@@ -426,3 +428,10 @@ def topological_order(
         stuck = next(n for n in names if indeg[n] > 0)
         raise ProblemError(f"cycle through node {stuck!r}")
     return out
+
+
+def bit_mask(bits: int, n: int) -> np.ndarray:
+    """The int bitset ``bits`` over ``n`` ops (``ScheduleProblem.ancestors`` / ``descendants``)
+    as a boolean array."""
+    raw = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from fxsched.solver.bounds import makespan_lower_bound
 from fxsched.solver.memory_cuts import CutGraph, bucket_size_caps, spike_bytes
+from fxsched.solver.problem import bit_mask
 from fxsched.solver.simulator import simulate
 from fxsched.solver.schedule import Schedule
 from oracle import brute_force, default_budget
@@ -39,12 +40,10 @@ def two_gathers():
 
 def _live(p, name: str) -> int:
     """The cut of collective ``name``: its ancestors and itself before, its wait and after."""
-    idx = p.index
-    n = len(p.ops)
-    anc = [j for j in range(n) if p.ancestors[idx[name]] >> j & 1] + [idx[name]]
-    w = idx[p.wait_of[name]]
-    desc = [j for j in range(n) if p.descendants[w] >> j & 1] + [w]
-    return CutGraph(p).live_bytes(np.array(anc), np.array(desc))
+    i, w, n = p.index[name], p.index[p.wait_of[name]], len(p.ops)
+    anc = np.append(np.flatnonzero(bit_mask(p.ancestors[i], n)), i)
+    desc = np.append(np.flatnonzero(bit_mask(p.descendants[w], n)), w)
+    return CutGraph(p).live_bytes(anc, desc)
 
 
 def test_cut_counts_what_every_order_keeps_live() -> None:
