@@ -45,6 +45,20 @@ def producer_only_chain(problem: ScheduleProblem, collective: str) -> tuple[str,
     return tuple(sorted(chain, key=idx.__getitem__))
 
 
+def _contiguous_suffix(problem: ScheduleProblem, collective: str, chain: tuple[str, ...]) -> tuple[str, ...]:
+    """The ops of ``chain`` after the last timed compute op outside it that precedes ``collective``."""
+    if not chain:
+        return chain
+    ops, idx = problem.ops, problem.index
+    members = set(chain)
+    lo = idx[chain[0]]
+    for i in range(idx[collective] - 1, lo - 1, -1):
+        op = ops[i]
+        if op.name not in members and op.kind is OpKind.COMPUTE and op.runtime_ns > 0:
+            return tuple(m for m in chain if idx[m] > i)
+    return chain
+
+
 @dataclass(frozen=True)
 class Unit:
     """A collective with its chain, and the slots between which it may be issued and waited."""
@@ -58,11 +72,17 @@ class Unit:
 class Placement:
     """Backbone, units and the compute clock of a problem in fixed-compute-order mode."""
 
-    def __init__(self, problem: ScheduleProblem, move_chains: bool = True):
+    def __init__(self, problem: ScheduleProblem, move_chains: bool = True, contiguous_chains: bool = False):
+        """``contiguous_chains``: a chain keeps only its ops that no other timed op separates from
+        the collective in ``problem``'s order; the rest stay in the backbone, where that order runs
+        them. A neighbourhood search over an incumbent's order uses it, so that every incumbent is
+        exactly representable (a chain moved to its issue would run its compute elsewhere)."""
         self.problem = problem
         ops = problem.ops
         chains = {c.name: producer_only_chain(problem, c.name) if move_chains else ()
                   for c in problem.collectives}
+        if contiguous_chains:
+            chains = {c: _contiguous_suffix(problem, c, ch) for c, ch in chains.items()}
         in_unit = {op: c for c, ch in chains.items() for op in ch} | {c: c for c in chains}
         self.backbone: tuple[str, ...] = tuple(
             op.name for op in ops if op.kind is not OpKind.WAIT and op.name not in in_unit)

@@ -48,7 +48,7 @@ from .cpsat_config import (
 )
 from .cpsat_frame import Frame, build_frame, order_pairs
 from .cpsat_hint import add_hint, decode, hint_vars
-from .cpsat_lns import centers_of, deterministic_rounds, neighbourhood_solve
+from .cpsat_lns import centers_of, deterministic_rounds, lns_frame_options, neighbourhood_solve
 from .cpsat_model import ModelBuilder
 from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
@@ -124,14 +124,13 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     if pairs > config.max_order_literals:
         layers = detect_layers(problem, config.layer_pattern) if config.layer_replay else None
         free_windows = config.mode == "free" and config.free_window > 0
-        if config.mode == "free":
-            # free order at scale: the warm start deferred independent compute; search in fixed order
-            # around its heavy-compute order (same ops, so the schedule fits the original problem),
-            # and every other round in a free-order window (cpsat_window.py)
-            problem = reordered(problem, h_sched.order)
-            config = dataclasses.replace(config, mode="fixed")
-            frame = build_frame(problem, config.frame_options())
-            pairs = order_pairs(frame)
+        # the rounds search in fixed order around the warm start's order (same ops, so the schedule
+        # fits the original problem), with its chains where it runs them: each round's model then
+        # holds the incumbent exactly. Free order at scale: the warm start deferred independent
+        # compute, and every other round is a free-order window (cpsat_window.py)
+        problem = reordered(problem, h_sched.order)
+        config = dataclasses.replace(config, mode="fixed")
+        frame = build_frame(problem, lns_frame_options(config))
         return neighbourhood_solve(problem, config, budget, (h_name, h_sched, h_res), time_budget_s, t0,
                                     floor_ns, progress, frame, pairs, layers, free_windows)
     if not config.deterministic:  # a wall-clock budget covers the warm start too

@@ -118,6 +118,7 @@ class FrameOptions:
     centers: tuple[tuple[str, int, int], ...] = ()
     radius: int | None = None
     frozen: frozenset[str] = frozenset()  # collectives held at their centers (radius 0)
+    contiguous_chains: bool = False  # fixed mode: chains as the problem's order runs them (Placement)
     bucketed_only: frozenset[str] = frozenset()  # collectives with no lone candidate (in extra buckets)
     positions: tuple[tuple[str, int, int], ...] = ()  # per collective: incumbent issue and wait positions
 
@@ -126,7 +127,7 @@ def build_frame(problem: ScheduleProblem, opts: FrameOptions) -> Frame:
     """The items and candidates of ``problem`` under ``opts`` (see module docstring)."""
     if opts.mode not in ("fixed", "free"):
         raise ValueError(f"mode must be 'fixed' or 'free', got {opts.mode!r}")
-    pl = Placement(problem, move_chains=opts.mode == "fixed")
+    pl = Placement(problem, move_chains=opts.mode == "fixed", contiguous_chains=opts.contiguous_chains)
     cands = _candidates(problem, pl, opts)
     frame = _fixed_frame(problem, pl, cands, opts) if opts.mode == "fixed" else _free_frame(problem, cands)
     frame.multi_dtype = opts.multi_dtype

@@ -29,7 +29,7 @@ from .cpsat_config import (
     reordered,
     solve_patiently,
 )
-from .cpsat_frame import Frame, bucket_size_bytes, build_frame
+from .cpsat_frame import Frame, FrameOptions, bucket_size_bytes, build_frame
 from .cpsat_hint import add_hint, decode
 from .cpsat_model import ModelBuilder
 from .cpsat_window import free_window, paid_rate, round_cost, window_frame
@@ -41,6 +41,12 @@ from .simulator import SimResult, simulate
 from .warm_start import POLISH_TRIES
 
 log = logging.getLogger(__name__)
+
+
+def lns_frame_options(config: SolveConfig) -> FrameOptions:
+    """The frame options of the neighbourhood rounds: fixed order around the incumbent's, whose
+    chains stay where it runs them (contiguous chains), so that it is exactly representable."""
+    return dataclasses.replace(config.frame_options(), contiguous_chains=True)
 
 
 def positions_of(problem: ScheduleProblem, sched: Schedule) -> tuple[tuple[str, int, int], ...]:
@@ -164,7 +170,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
         moves = bucket_moves(problem, Schedule(best.order, tuple(b for b in best.buckets if set(b) & window[1]),
                                                best.multi_dtype), config)
         opts = dataclasses.replace(
-            config.frame_options(), centers=centers, radius=radius, bucketing=False,
+            lns_frame_options(config), centers=centers, radius=radius, bucketing=False,
             plan=tuple(dict.fromkeys((*(b for b in best.buckets if not set(b) & window[1]), *config.plan))),
             extra=moves, frozen=frozenset(c.name for c in problem.collectives if c.name not in window[1]),
             bucketed_only=frozenset(m for b in best.buckets if len(b) >= 4 and set(b) & window[1] for m in b),
@@ -265,7 +271,7 @@ def _rebased(problem: ScheduleProblem, best: Schedule, config: SolveConfig, budg
              ) -> tuple[ScheduleProblem, Frame, LayerReplayer | None]:
     """``problem`` in ``best``'s order (the fixed rounds' backbone), its full frame and replayer."""
     problem = reordered(problem, best.order)
-    full = build_frame(problem, config.frame_options())
+    full = build_frame(problem, lns_frame_options(config))
     if replayer is not None and layers is not None:
         replayer = LayerReplayer(problem, layers, budget, config.layer_replay_evals, deadline)
     return problem, full, replayer

@@ -66,10 +66,11 @@ class LocalChange:
 
 
 class Units:
-    """Backbone and units of a fixed-order problem: which ops a neighbourhood round may move."""
+    """Backbone and units of a fixed-order problem: which ops a neighbourhood round may move (its
+    chains as the problem's order runs them, as in the rounds' frames)."""
 
     def __init__(self, problem: ScheduleProblem):
-        pl = Placement(problem, move_chains=True)
+        pl = Placement(problem, move_chains=True, contiguous_chains=True)
         self.backbone = frozenset(pl.backbone)
         self.unit_of: dict[str, str] = {}  # movable op -> its collective
         for c, u in pl.units.items():

@@ -170,6 +170,55 @@ def test_neighbourhood_frame_holds_the_incumbent_exactly() -> None:
         assert simulate(p, decode(b, s)).makespan_ns == simulate(p, inc).makespan_ns
 
 
+def test_neighbourhood_frame_keeps_a_chain_where_the_incumbent_runs_it() -> None:
+    """The incumbent runs ag's cast (its producer-only chain) before the heavy A, far from ag:
+    ag0 (200 ns) 0..200; cast 0..50; A 50..150; w0 stalls to 200; ag (150 ns) 200..350; w stalls
+    to 350; B 350..450. A frame that moves the chain with its issue runs the cast at ag's issue
+    instead: A 0..100, w0 stalls to 200, cast 200..250, ag 250..400, B 400..500. The rounds'
+    frames (lns_frame_options: chains as the incumbent runs them) keep the cast in the backbone
+    and hold the incumbent exactly: 450."""
+    import dataclasses
+
+    from fxsched.solver.cpsat import centers_of, decode, lns_frame_options
+    from fxsched.solver.cpsat_frame import build_frame
+    from fxsched.solver.cpsat_hint import hint_values
+    from fxsched.solver.cpsat_model import ModelBuilder
+    from ortools.sat.python import cp_model
+    from solver_builders import coll, compute, make_problem, storage, wait
+
+    p = make_problem([
+        coll("ag0", runtime_ns=200, uses=["P"], allocates=["G0"], bytes_in=10, bytes_out=20),
+        compute("cast", 50, uses=["W"], allocates=["S"]),
+        compute("A", 100, heavy=True),
+        wait("w0", "ag0", uses=["G0"]),
+        coll("ag", runtime_ns=150, deps=["cast"], uses=["S"], allocates=["G"], bytes_in=10, bytes_out=20),
+        wait("w", "ag", uses=["G"]),
+        compute("B", 100, deps=["A", "w0", "w"], uses=["G0", "G"], heavy=True),
+    ], [storage("P", 10, param=True), storage("W", 10, param=True), storage("S", 10), storage("G0", 20),
+        storage("G", 20)])
+    inc = Schedule.original(p)
+    assert simulate(p, inc).makespan_ns == 450
+    cfg = SolveConfig(mode="fixed")
+
+    def held(opts) -> int:
+        full = build_frame(p, opts)
+        b = ModelBuilder(build_frame(p, dataclasses.replace(opts, centers=centers_of(p, full, inc), radius=0)),
+                         default_budget(p))
+        b.build()
+        b.minimize_makespan()
+        for var, val in hint_values(b, inc):
+            b.model.AddHint(var, val)
+        s = cp_model.CpSolver()
+        s.parameters.fix_variables_to_their_hinted_value = True
+        s.parameters.num_workers = 1
+        assert s.Solve(b.model) == cp_model.OPTIMAL
+        assert s.Value(b.v.makespan) == simulate(p, decode(b, s)).makespan_ns
+        return s.Value(b.v.makespan)
+
+    assert held(cfg.frame_options()) == 500
+    assert held(lns_frame_options(cfg)) == 450
+
+
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_large_graph_path_without_collectives(deterministic: bool) -> None:
     """The neighbourhood path on a graph with no collectives returns its (optimal) order."""
