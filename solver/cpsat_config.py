@@ -180,12 +180,16 @@ def model_stats(builder: ModelBuilder, build_s: float) -> dict[str, int]:
     return stats
 
 
-def make_solver(config: SolveConfig, time_s: float, lns: bool = False) -> cp_model.CpSolver:
+def make_solver(config: SolveConfig, time_s: float, lns: bool = False, presolve: bool = True) -> cp_model.CpSolver:
+    """A CP-SAT solver for ``time_s`` under ``config``; ``lns``: for a hinted window model;
+    ``presolve=False``: no presolve at all (see :func:`.cpsat_lns._free_round`)."""
     solver = cp_model.CpSolver()
     prm = solver.parameters
     if lns:  # window models are large and hinted: spend the time searching, not presolving
         prm.cp_model_probing_level = 0
         prm.symmetry_level = 0
+    if not presolve:
+        prm.cp_model_presolve = False
         if config.deterministic:  # nor on LP bounds, which a window's model does not report:
             # these two interleaved LP workers ran 27 s and 6 s of wall time for 0.11 and 0.05
             # deterministic units on a window of the tp backward (1.25 units then took 50 s)

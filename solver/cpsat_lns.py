@@ -141,10 +141,11 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             paid[True][0] += got[2]
             if got[1].peak_memory_bytes <= budget and (got[1].makespan_ns, got[1].peak_memory_bytes) < (
                     best_res.makespan_ns, best_res.peak_memory_bytes):
+                before_ns = best_res.makespan_ns
                 best, best_res = _polished(problem, got[0], got[1], config.polish, False)
                 method = "cpsat-lns"
                 stats["improved"] += 1
-                paid[True][1] += 1
+                paid[True][1] += before_ns - best_res.makespan_ns
                 tried.clear()
                 free_tried.clear()
                 # the fixed rounds keep the new heavy-compute order
@@ -201,12 +202,13 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 best_res.makespan_ns, best_res.peak_memory_bytes):
             if replayer is not None:
                 sched, res = replayer.improve(best, sched, res, stats)
+            before_ns = best_res.makespan_ns
             best, best_res = _polished(problem, sched, res, config.polish, not free_mode)
             if best is not sched:  # compute moved into stalls: the fixed rounds keep its new order
                 problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
             method = "cpsat-lns"
             stats["improved"] += 1
-            paid[False][1] += 1
+            paid[False][1] += before_ns - best_res.makespan_ns
             tried.clear()
             log.info("solve %s: round %d: makespan %d ns", problem.name, rnd, res.makespan_ns)
     st = proven(Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC, best_res.makespan_ns, floor_ns)
@@ -245,8 +247,10 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
         round_s = min(round_s, deadline - time.perf_counter())
         if round_s <= 0:
             return best, best_res, 0.0
-    solver = make_solver(config, round_s, lns=True)
-    status = _run(solver, builder, config, progress, t0)
+    # no presolve: on a 120-op window of the tp backward it looped for 8.6 s before the search
+    # started; without it the hint came at 1.7 s. The search's first gain may take 10 s to come
+    solver = make_solver(config, round_s, lns=True, presolve=False)
+    status = _run(solver, builder, config, progress, t0, FREE_PATIENCE_S)
     work = round_cost(config.deterministic, solver, round_s)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return best, best_res, work
@@ -258,12 +262,13 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
 
 
 def _run(solver: cp_model.CpSolver, builder: ModelBuilder, config: SolveConfig,
-         progress: Callable[[Progress], None] | None, t0: float) -> int:
-    """Solve a round's model: on a wall clock, stopped once it stops improving (solve_patiently)."""
+         progress: Callable[[Progress], None] | None, t0: float, patience_s: float | None = None) -> int:
+    """Solve a round's model: on a wall clock, stopped once it stops improving for ``patience_s``
+    (default MIN_ROUND_S; solve_patiently)."""
     reporter = SolutionReporter(progress, t0)
     if config.deterministic:
         return solver.Solve(builder.model, reporter)
-    return solve_patiently(solver, builder.model, reporter, MIN_ROUND_S)
+    return solve_patiently(solver, builder.model, reporter, MIN_ROUND_S if patience_s is None else patience_s)
 
 
 def _rebased(problem: ScheduleProblem, best: Schedule, config: SolveConfig, budget: int,
@@ -300,6 +305,7 @@ def deterministic_rounds(max_rounds: int, time_budget_s: float, n_items: int) ->
 
 
 MIN_ROUND_S = 4.0
+FREE_PATIENCE_S = 12.0  # free windows: how long a round runs on without a gain
 ROUND_S_PER_ITEM = 0.003  # deterministic rounds: measured wall cost of a window round per frame item
 LNS_REF_ITEMS = 2000  # deterministic rounds: their units shrink in proportion past this many items
 MAX_RADIUS_FACTOR = 8  # windows stop widening at this multiple of lns_radius

@@ -172,3 +172,37 @@ def test_first_round_kind_follows_the_incumbents_buckets(bucketed: bool) -> None
     res = solve(p, 1, SolveConfig(mode="free", max_order_literals=0, lns_rounds=1), hint=hint)
     assert not check_schedule(p, res.schedule)
     assert (res.stats["rounds"], res.stats.get("free_rounds", 0)) == ((1, 0) if bucketed else (0, 1))
+
+
+@pytest.mark.parametrize("idx", range(8))
+def test_window_rounds_solver_without_presolve_proves_the_same_optimum(idx: int) -> None:
+    """Free rounds solve without presolve (make_solver(presolve=False): on the tp backward it
+    looped for seconds before the search): on a window of up to 7 positions the optimum it proves
+    is the one the default solver proves."""
+    from fxsched.solver.cpsat_config import make_solver
+
+    p = PROBLEMS[idx]
+    inc = _incumbent(p)
+    window = free_window(p, inc, simulate(p, inc), 5, set())
+    n = len(inc.order)
+    lo, hi = (window[1], window[2]) if window else (max(0, n - 7), n)
+    b = _model(p, inc, lo, min(hi, lo + 7))
+    assert b is not None
+    bare = make_solver(SolveConfig(deterministic=True), 20.0, lns=True, presolve=False)
+    assert not bare.parameters.cp_model_presolve
+    assert bare.Solve(b.model) == cp_model.OPTIMAL
+    s = _solver()
+    assert s.Solve(b.model) == cp_model.OPTIMAL
+    assert bare.ObjectiveValue() == s.ObjectiveValue()
+
+
+def test_paid_rate_weighs_time_gained_not_gains() -> None:
+    """A kind that gained 100 us in 10 s rates (100,000 + 50,000) / (10 + 10) = 7,500 per second; one
+    that gained three times 2 us in 3 s rates (6,000 + 50,000) / (3 + 10) = 4,307.7: the free
+    windows' one large gain wins over the fixed rounds' many small ones. Before either has gained,
+    the cheaper one so far rates higher."""
+    from fxsched.solver.cpsat_window import paid_rate
+
+    assert paid_rate([10.0, 100_000]) == 7_500
+    assert paid_rate([3.0, 6_000]) == pytest.approx(56_000 / 13)
+    assert paid_rate([4.0, 0]) > paid_rate([4.5, 0])
