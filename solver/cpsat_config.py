@@ -68,7 +68,7 @@ class SolveConfig:
     lns_rounds: int = 8  # deterministic mode: neighbourhood rounds on large graphs (each a window)
     lns_radius: int = 6  # slots a windowed item may move
     lns_window: int = 6  # placements (buckets or lone collectives) freed per round
-    free_window: int = 120  # free mode at scale: timed ops whose order every other round frees (0: none)
+    free_window: int = 60  # free mode at scale: timed ops whose order every other round frees (0: none)
     layer_replay: bool = True  # large graphs: replay a round's gain in isomorphic layers (layer_replay.py)
     layer_pattern: str = DEFAULT_LAYER_PATTERN  # module FQN regex whose group 1 names a layer
     layer_seed_rounds: int = 2  # the first rounds' windows sit in one layer of the largest class

@@ -129,7 +129,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 free_windows = False  # no time to search once it is built: fixed rounds (built in a
                 continue  # fraction of that) may use the rest
             got = _free_round(problem, config, budget, best, best_res, free_size, free_tried,
-                              round_s if config.deterministic else min(left, max(MIN_ROUND_S, left / 2)),
+                              round_s if config.deterministic else min(left, FREE_ROUND_S),
                               deadline, progress, t0, stats, built)
             if got is None:  # every exposed collective tried at this size: widen (up to 4x), then stop
                 if free_size >= 4 * config.free_window:
@@ -146,8 +146,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 method = "cpsat-lns"
                 stats["improved"] += 1
                 paid[True][1] += before_ns - best_res.makespan_ns
-                tried.clear()
-                free_tried.clear()
+                tried.clear()  # (free windows are tried again where the stall changed: free_window)
                 # the fixed rounds keep the new heavy-compute order
                 problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
                 log.info("solve %s: round %d (free window): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
@@ -221,7 +220,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
 
 
 def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule, best_res: SimResult,
-                size: int, tried: set[tuple[str, ...]], round_s: float, deadline: float | None,
+                size: int, tried: set[tuple[tuple[str, ...], int]], round_s: float, deadline: float | None,
                 progress: Callable[[Progress], None] | None, t0: float,
                 stats: dict[str, int], built: dict[int, float]) -> tuple[Schedule, SimResult, float] | None:
     """One free-order window round around the incumbent's most exposed untried collective
@@ -232,14 +231,14 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     window = free_window(problem, best, best_res, size, tried)
     if window is None:
         return None
-    tried.add(window[0])
+    tried.add((window[0], next(t.exposed_ns for t in best_res.collectives if t.members == window[0])))
     t_build = time.perf_counter()
-    frame = window_frame(problem, best, window[1], window[2])
+    frame = window_frame(problem, best, window[1], window[2], truncate=True)
     if frame is None:
         return best, best_res, 0.0
     builder = ModelBuilder(frame, budget, config.pinned)
     builder.build()
-    builder.minimize_makespan()
+    builder.minimize_window_end()
     add_hint(builder, best)
     stats["free_rounds"] = stats.get("free_rounds", 0) + 1
     built[size] = max(built.get(size, 0.0), time.perf_counter() - t_build)
@@ -248,7 +247,7 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
         if round_s <= 0:
             return best, best_res, 0.0
     # no presolve: on a 120-op window of the tp backward it looped for 8.6 s before the search
-    # started; without it the hint came at 1.7 s. The search's first gain may take 10 s to come
+    # started; without it the hint came at 1.7 s
     solver = make_solver(config, round_s, lns=True, presolve=False)
     status = _run(solver, builder, config, progress, t0, FREE_PATIENCE_S)
     work = round_cost(config.deterministic, solver, round_s)
@@ -305,7 +304,8 @@ def deterministic_rounds(max_rounds: int, time_budget_s: float, n_items: int) ->
 
 
 MIN_ROUND_S = 4.0
-FREE_PATIENCE_S = 12.0  # free windows: how long a round runs on without a gain
+FREE_PATIENCE_S = 3.0  # free windows (truncated: small models): how long a round runs on without a gain
+FREE_ROUND_S = 8.0  # and at most this long (on the tp backward 5 s rounds gained 13-180 us each)
 ROUND_S_PER_ITEM = 0.003  # deterministic rounds: measured wall cost of a window round per frame item
 LNS_REF_ITEMS = 2000  # deterministic rounds: their units shrink in proportion past this many items
 MAX_RADIUS_FACTOR = 8  # windows stop widening at this multiple of lns_radius

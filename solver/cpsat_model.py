@@ -59,6 +59,7 @@ class ModelBuilder:
         self.movable = [it for it in items if it.kind is not ItemKind.FIXED]
         self.horizon = (sum(it.cost_ns for it in items) + sum(c.runtime_ns for c in frame.candidates) + 1)
         self.key_hi = frame.n_keys + 1  # keys are shifted by one: key 0 is "before the first op"
+        self.window_end: cp_model.IntVar | None = None  # truncated window rounds: minimize_window_end
 
     def build(self) -> cp_model.CpModel:
         self.variables()
@@ -333,6 +334,26 @@ class ModelBuilder:
     # ------------------------------------------------------------------ objective
     def minimize_makespan(self) -> None:
         self.model.Minimize(self.v.makespan)
+
+    def minimize_window_end(self) -> None:
+        """Truncated window rounds (cpsat_window.py): the end of the window's last item, then the
+        sum of the ends of the collectives issued in it whose wait after it stalled (what the rest
+        of the program waits on: a window that ends as early with such a collective ending
+        earlier is better; the others' ends matter only in as far as they are bounded). Weighted
+        so that one ns of the first outweighs every ns of the second."""
+        m, v, f = self.model, self.v, self.frame
+        end = m.NewIntVar(0, self.horizon, "window_end")
+        for it in self.movable:
+            if it.times is None:
+                lit = v.present[it.index]
+                m.Add(end >= v.end[it.index]).OnlyEnforceIf([] if lit is True else [lit])
+        comm = []
+        for c in f.candidates:
+            w = f.items[f.wait_item[c.index]]
+            if c.index not in f.comm_times and w.times is not None and w.times[1] - w.times[0] > w.cost_ns:
+                comm.append(v.comm_end[c.index])
+        m.Minimize((len(comm) + 1) * end + sum(comm))
+        self.window_end = end
 
     def minimize_peak(self, makespan_cap: int) -> None:
         self.model.ClearObjective()

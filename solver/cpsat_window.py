@@ -10,6 +10,16 @@ issue or wait block) may take any order its dependencies allow; every other item
 its key, in the incumbent's order. The model then needs order literals only between free items
 (:meth:`.cpsat_model.ModelBuilder._window_order`), and buckets stay the incumbent's.
 
+**Truncated windows.** The simulator is monotone: with the same program order after the window,
+a compute clock no later at its end and every collective ending no later, nothing after it runs
+later. So a window model may hold everything after the window at the incumbent's times, as
+constants: the free items must end before the first item after the window starts, each
+collective issued in the window before the incumbent's next one of its group starts and before
+its wait after the window ends. Every solution is then no slower than the incumbent, the model
+times the window alone (on the tp backward a 120-op window's model otherwise propagated through
+the thousand items after it: 10 s to the first gain), and it minimizes the window's end; the
+simulator says how much of that the rest of the program keeps.
+
 Entry points: :func:`window_frame` builds the frame, :func:`free_window` picks the window
 around the incumbent's most exposed collective not tried yet, and :func:`paid_rate` (with
 :func:`round_cost`) says whether free windows or fixed rounds have paid more so far.
@@ -26,10 +36,15 @@ from .schedule import Schedule
 from .simulator import SimResult, position_clocks, simulate
 
 
-def window_frame(problem: ScheduleProblem, sched: Schedule, lo: int, hi: int) -> Frame | None:
+def window_frame(problem: ScheduleProblem, sched: Schedule, lo: int, hi: int, truncate: bool = False
+                 ) -> Frame | None:
     """The free-mode frame of ``problem`` with ``sched``'s buckets forced, in which the items
     ``sched`` runs at positions ``[lo, hi)`` are free and the others are frozen at the keys that
-    reproduce ``sched``; None when no item starts in the window."""
+    reproduce ``sched``; None when no item starts in the window.
+
+    ``truncate``: the items after the window keep ``sched``'s times too, as constants, like those
+    before it (see the module doc): the model then times the window only, and its objective is
+    the window's end (:meth:`.cpsat_model.ModelBuilder.minimize_window_end`)."""
     frame = build_frame(problem, FrameOptions(mode="free", bucketing=False, multi_dtype=sched.multi_dtype,
                                               plan=sched.buckets))
     chosen = chosen_candidates(frame, sched)
@@ -42,13 +57,14 @@ def window_frame(problem: ScheduleProblem, sched: Schedule, lo: int, hi: int) ->
             span = (key if span is None else span[0], key + len(it.ops))
         else:
             it.key, it.anchor = key, pos
-            if pos < lo:  # done before the window: its times are the incumbent's
+            if pos < lo or truncate:  # done before the window (or, truncated, after it): the incumbent's times
                 it.times = (clocks[pos - 1] if it.kind is ItemKind.WAIT and pos else clocks[pos] - it.cost_ns,
                             clocks[pos])
         key += len(it.ops)
     if span is None:
         return None
     frame.window = span
+    frame.truncated = truncate
     frame.clocks = clocks
     frame.comm_timing = {frozenset(t.members): (t.start_ns, t.end_ns) for t in simulate(problem, sched).collectives}
     for c in frame.candidates:
@@ -58,11 +74,14 @@ def window_frame(problem: ScheduleProblem, sched: Schedule, lo: int, hi: int) ->
 
 
 def free_window(problem: ScheduleProblem, sched: Schedule, res: SimResult, size: int,
-                tried: set[tuple[str, ...]]) -> tuple[tuple[str, ...], int, int] | None:
+                tried: set[tuple[tuple[str, ...], int]]) -> tuple[tuple[str, ...], int, int] | None:
     """``(members, lo, hi)``: the untried most exposed placement of ``sched`` (simulated as ``res``)
     and the positions around its wait holding ``size`` ops that are not zero-cost, half before
-    the wait and half after (fewer where the order ends); None when every exposed one was tried."""
-    exposed = sorted((t for t in res.collectives if t.exposed_ns > 0 and t.members not in tried),
+    the wait and half after (fewer where the order ends); None when every exposed one was tried.
+    ``tried`` holds ``(members, exposed ns)``: a placement is tried again once its stall changed
+    (a gain elsewhere that left it as it was leaves its window as futile as before: the tp
+    backward's last reduce-scatter, queued behind the embedding's, cost 7 s a try)."""
+    exposed = sorted((t for t in res.collectives if t.exposed_ns > 0 and (t.members, t.exposed_ns) not in tried),
                      key=lambda t: (-t.exposed_ns, t.wait_pos))
     if not exposed:
         return None

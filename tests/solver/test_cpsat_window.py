@@ -14,7 +14,7 @@ import pytest
 from fxsched.heuristics import HEURISTICS
 from fxsched.solver import Schedule, check_schedule, simulate
 from fxsched.solver.cpsat import SolveConfig, decode, solve
-from fxsched.solver.cpsat_hint import hint_values
+from fxsched.solver.cpsat_hint import chosen_candidates, hint_values, item_anchors
 from fxsched.solver.cpsat_model import ModelBuilder
 from fxsched.solver.cpsat_window import free_window, window_frame
 from fxsched.solver.problem import ScheduleProblem
@@ -36,13 +36,16 @@ def _windows(n: int) -> list[tuple[int, int]]:
     return [(0, n), (0, n // 2), (n // 3, n - n // 3), (n // 2, n)]
 
 
-def _model(p: ScheduleProblem, sched: Schedule, lo: int, hi: int) -> ModelBuilder | None:
-    frame = window_frame(p, sched, lo, hi)
+def _model(p: ScheduleProblem, sched: Schedule, lo: int, hi: int, truncate: bool = False) -> ModelBuilder | None:
+    frame = window_frame(p, sched, lo, hi, truncate=truncate)
     if frame is None:
         return None
     b = ModelBuilder(frame, default_budget(p))
     b.build()
-    b.minimize_makespan()
+    if truncate:
+        b.minimize_window_end()
+    else:
+        b.minimize_makespan()
     for var, val in hint_values(b, sched):
         b.model.AddHint(var, val)
     return b
@@ -148,7 +151,8 @@ def test_free_window_sits_around_the_most_exposed_wait() -> None:
     """c1, c2 (30 ns each, one group) issued at 0, x 0..10, w1 stalls 20, v1 (a view), w2 stalls
     30, z: c2 is the most exposed. Two timed ops around its wait (position 5): the one before it
     (w1, position 3; v1 takes no time) and the wait itself, so positions [3, 6). Once c2 is
-    tried, c1's wait (position 3) is next: [2, 5)."""
+    tried (with its 30 ns stall), c1's wait (position 3) is next: [2, 5); c2 is tried again once its
+    stall is another."""
     p = make_problem([
         coll("c1", "A", runtime_ns=30), coll("c2", "A", runtime_ns=30), compute("x", 10),
         wait("w1", "c1"), zero("v1", deps=["w1"]), wait("w2", "c2"), compute("z", 5, deps=["v1", "w2"]),
@@ -156,8 +160,9 @@ def test_free_window_sits_around_the_most_exposed_wait() -> None:
     s = Schedule.original(p)
     res = simulate(p, s)
     assert free_window(p, s, res, 2, set()) == (("c2",), 3, 6)
-    assert free_window(p, s, res, 2, {("c2",)}) == (("c1",), 2, 5)
-    assert free_window(p, s, res, 2, {("c1",), ("c2",)}) is None
+    assert free_window(p, s, res, 2, {(("c2",), 30)}) == (("c1",), 2, 5)
+    assert free_window(p, s, res, 2, {(("c1",), 20), (("c2",), 30)}) is None
+    assert free_window(p, s, res, 2, {(("c1",), 20), (("c2",), 29)}) == (("c2",), 3, 6)
 
 
 @pytest.mark.parametrize("bucketed", [False, True])
@@ -206,3 +211,46 @@ def test_paid_rate_weighs_time_gained_not_gains() -> None:
     assert paid_rate([10.0, 100_000]) == 7_500
     assert paid_rate([3.0, 6_000]) == pytest.approx(56_000 / 13)
     assert paid_rate([4.0, 0]) > paid_rate([4.5, 0])
+
+
+@pytest.mark.parametrize("idx", range(len(PROBLEMS)))
+def test_truncated_window_is_never_slower_than_the_incumbent(idx: int) -> None:
+    """Truncated windows hold everything after the window at the incumbent's times. With the
+    hint fixed, each window's model is feasible and its end is where the incumbent's last window
+    item ends (its simulated clock there); solved to optimality, the schedule it returns is valid,
+    within the budget, never slower than the incumbent (the simulator is monotone) and never
+    faster than the brute-force optimum."""
+    p = PROBLEMS[idx]
+    inc = _incumbent(p)
+    want = simulate(p, inc).makespan_ns
+    optimum = brute_force(p, mode="free").best_makespan_ns
+    for lo, hi in _windows(len(inc.order)):
+        b = _model(p, inc, lo, hi, truncate=True)
+        if b is None:
+            continue
+        fixed = _solver(fix=True)
+        assert fixed.Solve(b.model) == cp_model.OPTIMAL, (p.name, lo, hi)
+        last = max(pos for pos, i in item_anchors(b.frame, inc, chosen_candidates(b.frame, inc))
+                   if lo <= pos < hi)
+        assert fixed.Value(b.window_end) == b.frame.clocks[last]
+        s = _solver()
+        assert s.Solve(b.model) == cp_model.OPTIMAL, (p.name, lo, hi)
+        got = decode(b, s)
+        r = simulate(p, got)
+        assert not check_schedule(p, got)
+        assert r.peak_memory_bytes <= default_budget(p)
+        assert optimum <= r.makespan_ns <= want
+
+
+def test_truncated_window_hides_the_collective_behind_the_other_compute() -> None:
+    """_tail_problem from b, a, c, w, d (makespan 310) with the window over b, a, c and w, d held at
+    their times (w 200..300, d 300..310): the window ends at 200 in either order of a and b, and
+    c ending first decides: a 0..100, c 100..200, b 100..200; the simulator gives all compute, 210."""
+    p = _tail_problem()
+    inc = Schedule(("b", "a", "c", "w", "d"))
+    b = _model(p, inc, 0, 3, truncate=True)
+    assert b is not None
+    s = _solver()
+    assert s.Solve(b.model) == cp_model.OPTIMAL
+    assert s.Value(b.window_end) == 200
+    assert simulate(p, decode(b, s)).makespan_ns == 210
