@@ -33,7 +33,7 @@ from .overlap import original_peak
 log = logging.getLogger(__name__)
 
 
-def _deferred(problem: ScheduleProblem, sched: Schedule, pos: dict[str, int], bucketed: frozenset[str],
+def deferred(problem: ScheduleProblem, sched: Schedule, pos: dict[str, int], bucketed: frozenset[str],
               issue_pos: int, seeds: set[str]) -> Schedule | None:
     """``sched`` with ``seeds`` (non-ancestors of the collective issued at ``issue_pos``, before it)
     and every op that depends on them up to the issue moved just after the issue, in their old
@@ -195,7 +195,7 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, run
     bucketed = frozenset(m for b in sched.buckets for m in b)
     ranked: list[tuple[int, int, Schedule]] = []
     for k, seeds in enumerate(seed_sets):
-        cand = _deferred(problem, sched, pos, bucketed, t.issue_pos, seeds) if seeds else None
+        cand = deferred(problem, sched, pos, bucketed, t.issue_pos, seeds) if seeds else None
         if cand is not None:
             ms = makespan_ns(problem, cand)
             if ms < res.makespan_ns:

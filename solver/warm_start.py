@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.critical_path import critical_path_schedule
+from ..heuristics.far_defer import defer_far_fillers
 from ..heuristics.fill import fill_stalls
 from ..heuristics.overlap import OverlapConfig, overlap_schedule
 from ..heuristics.pipeline import pipeline_fillers
@@ -34,6 +35,7 @@ WARM_START_SHARE = 0.6
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
 CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
+FAR_SEEDS = 256  # fillers tried per queue head by the far deferral (fewer past DEFER_REF_OPS ops)
 POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step here, and each search gain
 BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
 
@@ -50,11 +52,13 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
     held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), the order rebuilt
     longest path first (:func:`..heuristics.critical_path.critical_path_schedule`, at most
-    ``critical_builds`` rebuilds; None: its default), deferred again, stalls filled and waits sunk.
+    ``critical_builds`` rebuilds; None: its default), deferred again, single fillers from far back
+    deferred past the heads of exposed queues (:func:`..heuristics.far_defer.defer_far_fillers`),
+    stalls filled and waits sunk.
     Last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
-    The two deferrals share ``defer_moves`` tries (and, with a ``deadline``, the time left). With a
-    ``deadline`` (wall-clock solves only) the tries after the first, and the later steps, stop once
+    The two deferrals share ``defer_moves`` tries (the far one gets half as many too) and, with a
+    ``deadline``, the time left. With a ``deadline`` (wall-clock solves only) the tries after the first, and the later steps, stop once
     it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     t = time.perf_counter()
@@ -99,6 +103,14 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     def defer(until: float | None) -> Callable[[Schedule], Schedule]:
         return lambda s: defer_independent(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=until)
 
+    def defer_half_left(s: Schedule) -> Schedule:  # the second deferral leaves half its time to the far one
+        until = None if deadline is None else time.perf_counter() + 0.5 * max(0.0, deadline - time.perf_counter())
+        return defer(until)(s)
+
+    def far(s: Schedule) -> Schedule:
+        return defer_far_fillers(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=deadline,
+                                 max_seeds=max(16, int(FAR_SEEDS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops))))))
+
     def pipeline(s: Schedule) -> Schedule:
         return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)
 
@@ -113,12 +125,15 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink)]
     if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
         steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
-                  ("pipeline", pipeline), ("critical", critical), ("defer", defer(deadline)), ("fill", fill),
-                  ("sink", sink)]
+                  ("pipeline", pipeline), ("critical", critical), ("defer", defer_half_left), ("far", far),
+                  ("fill", fill), ("sink", sink)]
     if config.polish:
         steps.append(("polish", polish))
     for step, fn in steps:
+        t = time.perf_counter()
         new = fn(sched)
+        log.debug("warm start %s: %s in %.2f s%s", problem.name, step, time.perf_counter() - t,
+                  " (changed)" if new != sched else "")
         if new != sched:
             name, sched = f"{name}+{step}", new
     return name, sched

@@ -1,0 +1,98 @@
+"""Far filler deferral: hide a queue of collectives behind one filler from far back (free order).
+
+Entry point: :func:`defer_far_fillers`. At the end of a tensor-parallel backward the last
+gradient reductions queue on their group's stream behind the embedding's (1.3 ms on the tp
+backward), and only compute issued after the head of that queue can hide them. The compute
+just before the head hides the tensor-parallel collectives of the first layer, so
+:func:`.reorder.defer_independent`, which defers the latest compute, uncovers what it moves
+from. A weight gradient of a layer far back may hide nothing critical where it is: deferred to
+the tail it hides the queue, and its own reduction joins the queue for less than it covers
+(488 us of matmul for a 316 us reduce-scatter).
+
+For each exposed collective, most exposed first, the pass finds the **head** of its group's busy
+period (the first collective of the run the stream carried without a break, each queued behind
+the one before) and tries each filler (:func:`.reorder.filler_ops`) before the head's issue that
+is not its ancestor, alone: it and what depends on it up to the issue move just after the issue
+(:func:`.reorder.deferred`). The fastest move within the memory budget that shortens the
+makespan is kept, and the search starts again. A move keeps every collective's inputs and the
+FIFO order of every group (see reorder.py), and the simulator scores it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..solver.problem import ScheduleProblem
+from ..solver.schedule import Schedule
+from ..solver.simulator import CollectiveTiming, SimResult, makespan_ns, simulate
+from .overlap import original_peak
+from .reorder import deferred, filler_ops
+
+log = logging.getLogger(__name__)
+
+
+def defer_far_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
+                      max_moves: int = 32, max_seeds: int = 256, deadline: float | None = None) -> Schedule:
+    """Improve ``schedule`` by deferring single fillers past the head of an exposed collective's
+    queue (see module doc). At most ``max_moves`` moves are kept, and at most ``max_seeds``
+    fillers (evenly spread over the program) are tried per head. ``deadline`` (a
+    ``time.perf_counter()`` value; None: none, the deterministic default) stops it early."""
+    budget = original_peak(problem) if budget_bytes is None else budget_bytes
+    fillers = sorted(filler_ops(problem), key=problem.index.__getitem__)
+    best, res = schedule, simulate(problem, schedule)
+    tried: set[tuple[tuple[str, ...], int]] = set()  # (head, makespan when tried)
+    for _ in range(max_moves):
+        found = None
+        for t in sorted((t for t in res.collectives if t.exposed_ns > 0), key=lambda t: (-t.exposed_ns, t.issue_pos)):
+            if deadline is not None and time.perf_counter() > deadline:
+                return best
+            head = queue_head(res, t)
+            if (head.members, res.makespan_ns) in tried:
+                continue
+            tried.add((head.members, res.makespan_ns))
+            found = _best_move(problem, best, res, head, fillers, budget, max_seeds, deadline)
+            if found is not None:
+                break
+        if found is None:
+            break
+        best, res = found
+        log.debug("defer_far_fillers %s: makespan %d ns", problem.name, res.makespan_ns)
+    return best
+
+
+def queue_head(res: SimResult, t: CollectiveTiming) -> CollectiveTiming:
+    """The first placement of the run ``t``'s group stream carried without a break up to ``t``,
+    each one after the first queued (started after its issue) behind the one before."""
+    runs = sorted((c for c in res.collectives if c.group == t.group), key=lambda c: c.start_ns)
+    k = runs.index(t)
+    while k > 0 and runs[k].start_ns > runs[k].issue_ns and runs[k - 1].end_ns >= runs[k].start_ns:
+        k -= 1
+    return runs[k]
+
+
+def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, head: CollectiveTiming,
+               fillers: list[str], budget: int, max_seeds: int, deadline: float | None
+               ) -> tuple[Schedule, SimResult] | None:
+    """The fastest single-filler deferral past ``head``'s issue that shortens the makespan within
+    ``budget`` (None if none does)."""
+    anc = 0
+    for m in head.members:
+        anc |= problem.ancestors[problem.index[m]] | (1 << problem.index[m])
+    pos = {op: i for i, op in enumerate(sched.order)}
+    seeds = [f for f in fillers if pos[f] < head.issue_pos and not anc >> problem.index[f] & 1]
+    if len(seeds) > max_seeds:
+        seeds = [seeds[k * len(seeds) // max_seeds] for k in range(max_seeds)]
+    bucketed = frozenset(m for b in sched.buckets for m in b)
+    ranked: list[tuple[int, int, Schedule]] = []
+    for k, f in enumerate(seeds):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        cand = deferred(problem, sched, pos, bucketed, head.issue_pos, {f})
+        if cand is not None and (ms := makespan_ns(problem, cand)) < res.makespan_ns:
+            ranked.append((ms, k, cand))
+    for _, _, cand in sorted(ranked, key=lambda x: x[:2]):  # the fastest that fits the budget
+        r = simulate(problem, cand, check=False)
+        if r.peak_memory_bytes <= budget:
+            return cand, r
+    return None
