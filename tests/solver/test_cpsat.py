@@ -147,9 +147,6 @@ def test_neighbourhood_frame_holds_the_incumbent_exactly() -> None:
 
     from fxsched.solver.cpsat import centers_of, decode, warm_start
     from fxsched.solver.cpsat_frame import build_frame
-    from fxsched.solver.cpsat_hint import hint_values
-    from fxsched.solver.cpsat_model import ModelBuilder
-    from ortools.sat.python import cp_model
 
     cfg = SolveConfig(coarsen_threshold_ns=10**9)  # coarsen hard: few slots besides the centers
     for p in PROBLEMS[:12]:
@@ -158,16 +155,27 @@ def test_neighbourhood_frame_holds_the_incumbent_exactly() -> None:
         full = build_frame(p, cfg.frame_options())
         opts = dataclasses.replace(cfg.frame_options(), centers=centers_of(p, full, inc), radius=1,
                                    bucketing=False, extra=inc.buckets)
-        b = ModelBuilder(build_frame(p, opts), budget)
-        b.build()
-        b.minimize_makespan()
-        for var, val in hint_values(b, inc):
-            b.model.AddHint(var, val)
-        s = cp_model.CpSolver()
-        s.parameters.fix_variables_to_their_hinted_value = True
-        s.parameters.num_workers = 1
-        assert s.Solve(b.model) == cp_model.OPTIMAL, p.name
+        b, s = _held_at(build_frame(p, opts), budget, inc)
         assert simulate(p, decode(b, s)).makespan_ns == simulate(p, inc).makespan_ns
+
+
+def _held_at(frame, budget: int, inc: Schedule):
+    """The frame's makespan model with every decision fixed to ``inc``'s (its hint), solved:
+    ``(builder, solver)``; the fixed hint must be a solution."""
+    from fxsched.solver.cpsat_hint import hint_values
+    from fxsched.solver.cpsat_model import ModelBuilder
+    from ortools.sat.python import cp_model
+
+    b = ModelBuilder(frame, budget)
+    b.build()
+    b.minimize_makespan()
+    for var, val in hint_values(b, inc):
+        b.model.AddHint(var, val)
+    s = cp_model.CpSolver()
+    s.parameters.fix_variables_to_their_hinted_value = True
+    s.parameters.num_workers = 1
+    assert s.Solve(b.model) == cp_model.OPTIMAL, frame.problem.name
+    return b, s
 
 
 def test_neighbourhood_frame_keeps_a_chain_where_the_incumbent_runs_it() -> None:
@@ -181,9 +189,6 @@ def test_neighbourhood_frame_keeps_a_chain_where_the_incumbent_runs_it() -> None
 
     from fxsched.solver.cpsat import centers_of, decode, lns_frame_options
     from fxsched.solver.cpsat_frame import build_frame
-    from fxsched.solver.cpsat_hint import hint_values
-    from fxsched.solver.cpsat_model import ModelBuilder
-    from ortools.sat.python import cp_model
     from solver_builders import coll, compute, make_problem, storage, wait
 
     p = make_problem([
@@ -202,16 +207,8 @@ def test_neighbourhood_frame_keeps_a_chain_where_the_incumbent_runs_it() -> None
 
     def held(opts) -> int:
         full = build_frame(p, opts)
-        b = ModelBuilder(build_frame(p, dataclasses.replace(opts, centers=centers_of(p, full, inc), radius=0)),
-                         default_budget(p))
-        b.build()
-        b.minimize_makespan()
-        for var, val in hint_values(b, inc):
-            b.model.AddHint(var, val)
-        s = cp_model.CpSolver()
-        s.parameters.fix_variables_to_their_hinted_value = True
-        s.parameters.num_workers = 1
-        assert s.Solve(b.model) == cp_model.OPTIMAL
+        b, s = _held_at(build_frame(p, dataclasses.replace(opts, centers=centers_of(p, full, inc), radius=0)),
+                        default_budget(p), inc)
         assert s.Value(b.v.makespan) == simulate(p, decode(b, s)).makespan_ns
         return s.Value(b.v.makespan)
 
