@@ -17,6 +17,7 @@ from collections.abc import Callable
 from ortools.sat.python import cp_model
 
 from ..heuristics.concentrate import concentrate_stalls
+from ..heuristics.far_defer import defer_far_fillers
 from .cpsat_config import (
     Progress,
     Result,
@@ -38,7 +39,7 @@ from .layers import LayerStructure
 from .problem import ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
-from .warm_start import POLISH_TRIES
+from .warm_start import DEFER_REF_OPS, FAR_SEEDS, POLISH_TRIES
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +118,25 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     paid = {True: [0.0 if free_first else MIN_ROUND_S, 0], False: [MIN_ROUND_S if free_first else 0.0, 0]}
     fixed_done = False
     built: dict[int, float] = {}  # free window size -> longest model build seen (s)
+    # free mode: after each gain of a window, far filler deferral (heuristics/far_defer.py) rounds
+    # of one move each while they find one (the warm start ran it until it found none): a move
+    # takes a fraction of a second where a window takes seconds
+    far = {"on": False}
     for rnd in range(rounds):
         rates = (paid_rate(paid[True]), paid_rate(paid[False]))
+        if far["on"]:
+            moved = _far_round(problem, config, budget, best, deadline)
+            if moved is None:
+                far["on"] = False  # no move left until a window changes the incumbent
+                continue
+            best, best_res = _polished(problem, moved, simulate(problem, moved), config.polish, False)
+            method = "cpsat-lns"
+            stats["improved"] += 1
+            stats["far_moves"] = stats.get("far_moves", 0) + 1
+            tried.clear()
+            problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
+            log.info("solve %s: round %d (far deferral): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
+            continue
         if free_windows and (fixed_done or rates[0] > rates[1] or (rates[0] == rates[1] and free_first)):
             left = time_budget_s - (time.perf_counter() - t0)
             if not config.deterministic and left <= 0:
@@ -147,6 +165,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 stats["improved"] += 1
                 paid[True][1] += before_ns - best_res.makespan_ns
                 tried.clear()  # (free windows are tried again where the stall changed: free_window)
+                far["on"] = True
                 # the fixed rounds keep the new heavy-compute order
                 problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
                 log.info("solve %s: round %d (free window): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
@@ -209,6 +228,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             stats["improved"] += 1
             paid[False][1] += before_ns - best_res.makespan_ns
             tried.clear()
+            far["on"] = free_mode
             log.info("solve %s: round %d: makespan %d ns", problem.name, rnd, res.makespan_ns)
     st = proven(Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC, best_res.makespan_ns, floor_ns)
     if best_res.peak_memory_bytes > budget:
@@ -260,6 +280,17 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     return sched, res, work
 
 
+def _far_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule,
+               deadline: float | None) -> Schedule | None:
+    """One far filler deferral from the incumbent (None when it found none): on a wall clock
+    within FAR_ROUND_S (a sweep that finds nothing tries every exposed queue's fillers)."""
+    seeds = max(16, int(FAR_SEEDS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
+    if deadline is not None:
+        deadline = min(deadline, time.perf_counter() + FAR_ROUND_S)
+    new = defer_far_fillers(problem, best, budget_bytes=budget, max_moves=1, max_seeds=seeds, deadline=deadline)
+    return None if new is best else new
+
+
 def _run(solver: cp_model.CpSolver, builder: ModelBuilder, config: SolveConfig,
          progress: Callable[[Progress], None] | None, t0: float, patience_s: float | None = None) -> int:
     """Solve a round's model: on a wall clock, stopped once it stops improving for ``patience_s``
@@ -305,6 +336,7 @@ def deterministic_rounds(max_rounds: int, time_budget_s: float, n_items: int) ->
 
 MIN_ROUND_S = 4.0
 FREE_PATIENCE_S = 3.0  # free windows (truncated: small models): how long a round runs on without a gain
+FAR_ROUND_S = 4.0  # far deferral rounds: at most this long
 FREE_ROUND_S = 8.0  # and at most this long (on the tp backward 5 s rounds gained 13-180 us each)
 ROUND_S_PER_ITEM = 0.003  # deterministic rounds: measured wall cost of a window round per frame item
 LNS_REF_ITEMS = 2000  # deterministic rounds: their units shrink in proportion past this many items

@@ -78,11 +78,13 @@ def free_window(problem: ScheduleProblem, sched: Schedule, res: SimResult, size:
     """``(members, lo, hi)``: the untried most exposed placement of ``sched`` (simulated as ``res``)
     and the positions around its wait holding ``size`` ops that are not zero-cost, half before
     the wait and half after (fewer where the order ends); None when every exposed one was tried.
+    Placements that queued behind their group's stream come last: what hides a queue is compute
+    deferred past its head, far from the wait (:mod:`..heuristics.far_defer`).
     ``tried`` holds ``(members, exposed ns)``: a placement is tried again once its stall changed
     (a gain elsewhere that left it as it was leaves its window as futile as before: the tp
     backward's last reduce-scatter, queued behind the embedding's, cost 7 s a try)."""
     exposed = sorted((t for t in res.collectives if t.exposed_ns > 0 and (t.members, t.exposed_ns) not in tried),
-                     key=lambda t: (-t.exposed_ns, t.wait_pos))
+                     key=lambda t: (t.start_ns > t.issue_ns, -t.exposed_ns, t.wait_pos))
     if not exposed:
         return None
     t = exposed[0]

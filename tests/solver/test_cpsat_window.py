@@ -149,20 +149,21 @@ def test_free_window_moves_compute_that_fixed_rounds_cannot(free_window: int) ->
 
 def test_free_window_sits_around_the_most_exposed_wait() -> None:
     """c1, c2 (30 ns each, one group) issued at 0, x 0..10, w1 stalls 20, v1 (a view), w2 stalls
-    30, z: c2 is the most exposed. Two timed ops around its wait (position 5): the one before it
-    (w1, position 3; v1 takes no time) and the wait itself, so positions [3, 6). Once c2 is
-    tried (with its 30 ns stall), c1's wait (position 3) is next: [2, 5); c2 is tried again once its
-    stall is another."""
+    30, z. c2 is the most exposed, but it queued behind c1 (started at 30, issued at 0), so c1
+    comes first: two timed ops around its wait (position 3), x (position 2) and the wait, so
+    positions [2, 5). Once c1 is tried (with its 20 ns stall), c2's wait (position 5) is next:
+    the one timed op before it (w1, position 3; v1 takes no time) and the wait itself, [3, 6). A
+    placement is tried again once its stall is another."""
     p = make_problem([
         coll("c1", "A", runtime_ns=30), coll("c2", "A", runtime_ns=30), compute("x", 10),
         wait("w1", "c1"), zero("v1", deps=["w1"]), wait("w2", "c2"), compute("z", 5, deps=["v1", "w2"]),
     ])
     s = Schedule.original(p)
     res = simulate(p, s)
-    assert free_window(p, s, res, 2, set()) == (("c2",), 3, 6)
-    assert free_window(p, s, res, 2, {(("c2",), 30)}) == (("c1",), 2, 5)
+    assert free_window(p, s, res, 2, set()) == (("c1",), 2, 5)
+    assert free_window(p, s, res, 2, {(("c1",), 20)}) == (("c2",), 3, 6)
     assert free_window(p, s, res, 2, {(("c1",), 20), (("c2",), 30)}) is None
-    assert free_window(p, s, res, 2, {(("c1",), 20), (("c2",), 29)}) == (("c2",), 3, 6)
+    assert free_window(p, s, res, 2, {(("c1",), 19), (("c2",), 30)}) == (("c1",), 2, 5)
 
 
 @pytest.mark.parametrize("bucketed", [False, True])
