@@ -92,7 +92,6 @@ class Frame:
     # free mode, window rounds (cpsat_window.py): the key range [lo, hi) of the free items; every
     # other item is frozen at its constant ``key``
     window: tuple[int, int] | None = None
-    truncated: bool = False  # window rounds: the items after the window hold the incumbent's times
     comm_times: dict[int, tuple[int, int]] = field(default_factory=dict)  # window rounds: candidates
     # issued before the window: (start, end), constant
     # window rounds: the incumbent as simulated once (per position the compute clock after it, per

@@ -39,7 +39,7 @@ from .layers import LayerStructure
 from .problem import ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
-from .warm_start import DEFER_REF_OPS, FAR_SEEDS, POLISH_TRIES
+from .warm_start import POLISH_TRIES, far_seeds
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,9 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     With ``free_windows`` (free mode), a round may be a free-order window instead
     (:func:`_free_round`): whichever kind has paid more for its time so far
     (:func:`.cpsat_window.paid_rate`), free first on an unbucketed incumbent, fixed first on a
-    bucketed one; a gain there changes the heavy-compute order the fixed rounds keep.
+    bucketed one; a gain there changes the heavy-compute order the fixed rounds keep. After each
+    gain of a window in free mode, rounds of one far filler deferral each
+    (:func:`..heuristics.far_defer.defer_far_fillers`) run while they find a move.
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
@@ -121,13 +123,13 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     # free mode: after each gain of a window, far filler deferral (heuristics/far_defer.py) rounds
     # of one move each while they find one (the warm start ran it until it found none): a move
     # takes a fraction of a second where a window takes seconds
-    far = {"on": False}
+    far_on = False
     for rnd in range(rounds):
         rates = (paid_rate(paid[True]), paid_rate(paid[False]))
-        if far["on"]:
-            moved = _far_round(problem, config, budget, best, deadline)
+        if far_on:
+            moved = _far_round(problem, budget, best, deadline)
             if moved is None:
-                far["on"] = False  # no move left until a window changes the incumbent
+                far_on = False  # no move left until a window changes the incumbent
                 continue
             best, best_res = _polished(problem, moved, simulate(problem, moved), config.polish, False)
             method = "cpsat-lns"
@@ -165,7 +167,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 stats["improved"] += 1
                 paid[True][1] += before_ns - best_res.makespan_ns
                 tried.clear()  # (free windows are tried again where the stall changed: free_window)
-                far["on"] = True
+                far_on = True
                 # the fixed rounds keep the new heavy-compute order
                 problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
                 log.info("solve %s: round %d (free window): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
@@ -228,7 +230,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             stats["improved"] += 1
             paid[False][1] += before_ns - best_res.makespan_ns
             tried.clear()
-            far["on"] = free_mode
+            far_on = free_mode
             log.info("solve %s: round %d: makespan %d ns", problem.name, rnd, res.makespan_ns)
     st = proven(Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC, best_res.makespan_ns, floor_ns)
     if best_res.peak_memory_bytes > budget:
@@ -280,14 +282,13 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     return sched, res, work
 
 
-def _far_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule,
-               deadline: float | None) -> Schedule | None:
+def _far_round(problem: ScheduleProblem, budget: int, best: Schedule, deadline: float | None) -> Schedule | None:
     """One far filler deferral from the incumbent (None when it found none): on a wall clock
     within FAR_ROUND_S (a sweep that finds nothing tries every exposed queue's fillers)."""
-    seeds = max(16, int(FAR_SEEDS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
     if deadline is not None:
         deadline = min(deadline, time.perf_counter() + FAR_ROUND_S)
-    new = defer_far_fillers(problem, best, budget_bytes=budget, max_moves=1, max_seeds=seeds, deadline=deadline)
+    new = defer_far_fillers(problem, best, budget_bytes=budget, max_moves=1, max_seeds=far_seeds(problem),
+                            deadline=deadline)
     return None if new is best else new
 
 

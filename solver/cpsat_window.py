@@ -64,7 +64,6 @@ def window_frame(problem: ScheduleProblem, sched: Schedule, lo: int, hi: int, tr
     if span is None:
         return None
     frame.window = span
-    frame.truncated = truncate
     frame.clocks = clocks
     frame.comm_timing = {frozenset(t.members): (t.start_ns, t.end_ns) for t in simulate(problem, sched).collectives}
     for c in frame.candidates:

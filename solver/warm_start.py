@@ -40,6 +40,12 @@ POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step he
 BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
 
 
+def far_seeds(problem: ScheduleProblem) -> int:
+    """Fillers the far deferral tries per queue head: FAR_SEEDS, fewer past DEFER_REF_OPS ops
+    (each try simulates the whole graph)."""
+    return max(16, int(FAR_SEEDS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
+
+
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16,
                critical_builds: int | None = None) -> tuple[str, Schedule]:
@@ -109,7 +115,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
 
     def far(s: Schedule) -> Schedule:
         return defer_far_fillers(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=deadline,
-                                 max_seeds=max(16, int(FAR_SEEDS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops))))))
+                                 max_seeds=far_seeds(problem))
 
     def pipeline(s: Schedule) -> Schedule:
         return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)
