@@ -13,7 +13,7 @@ For each exposed collective, most exposed first, the pass finds the **head** of 
 period (the first collective of the run the stream carried without a break, each queued behind
 the one before) and tries each filler (:func:`.reorder.filler_ops`) before the head's issue that
 is not its ancestor, alone: it and what depends on it up to the issue move just after the issue
-(:func:`.reorder.deferred`). The fastest move within the memory budget that shortens the
+(:func:`.reorder.fastest_deferral`). The fastest move within the memory budget that shortens the
 makespan is kept, and the search starts again. A move keeps every collective's inputs and the
 FIFO order of every group (see reorder.py), and the simulator scores it.
 """
@@ -25,9 +25,9 @@ import time
 
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule
-from ..solver.simulator import CollectiveTiming, SimResult, makespan_ns, simulate
+from ..solver.simulator import CollectiveTiming, SimResult, simulate
 from .overlap import original_peak
-from .reorder import deferred, filler_ops
+from .reorder import fastest_deferral, filler_ops
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,4 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, head: 
     seeds = [f for f in fillers if pos[f] < head.issue_pos and not anc >> problem.index[f] & 1]
     if len(seeds) > max_seeds:
         seeds = [seeds[k * len(seeds) // max_seeds] for k in range(max_seeds)]
-    bucketed = frozenset(m for b in sched.buckets for m in b)
-    ranked: list[tuple[int, int, Schedule]] = []
-    for k, f in enumerate(seeds):
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        cand = deferred(problem, sched, pos, bucketed, head.issue_pos, {f})
-        if cand is not None and (ms := makespan_ns(problem, cand)) < res.makespan_ns:
-            ranked.append((ms, k, cand))
-    for _, _, cand in sorted(ranked, key=lambda x: x[:2]):  # the fastest that fits the budget
-        r = simulate(problem, cand, check=False)
-        if r.peak_memory_bytes <= budget:
-            return cand, r
-    return None
+    return fastest_deferral(problem, sched, res, head.issue_pos, ({f} for f in seeds), budget, deadline)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
@@ -191,17 +192,27 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, run
     for seeds in _private_seeds(problem, order, anc, t.issue_pos, tries):
         union = union | seeds
         seed_sets.append(union)
-    pos = {op: i for i, op in enumerate(order)}
+    return fastest_deferral(problem, sched, res, t.issue_pos, seed_sets, budget)
+
+
+def fastest_deferral(problem: ScheduleProblem, sched: Schedule, res: SimResult, issue_pos: int,
+                     seed_sets: Iterable[set[str]], budget: int, deadline: float | None = None
+                     ) -> tuple[Schedule, SimResult] | None:
+    """Of the deferrals of each seed set past the issue at ``issue_pos`` (:func:`deferred`), the
+    fastest within ``budget`` that beats ``res`` (the simulation of ``sched``), simulated; None if
+    none does. Candidates are ranked by makespan (no memory curve), ties by their order, and only
+    the best are simulated in full; ``deadline`` stops the ranking early."""
+    pos = {op: i for i, op in enumerate(sched.order)}
     bucketed = frozenset(m for b in sched.buckets for m in b)
     ranked: list[tuple[int, int, Schedule]] = []
     for k, seeds in enumerate(seed_sets):
-        cand = deferred(problem, sched, pos, bucketed, t.issue_pos, seeds) if seeds else None
-        if cand is not None:
-            ms = makespan_ns(problem, cand)
-            if ms < res.makespan_ns:
-                ranked.append((ms, k, cand))
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        cand = deferred(problem, sched, pos, bucketed, issue_pos, seeds) if seeds else None
+        if cand is not None and (ms := makespan_ns(problem, cand)) < res.makespan_ns:
+            ranked.append((ms, k, cand))
     for _, _, cand in sorted(ranked, key=lambda x: x[:2]):  # the fastest that fits the memory budget
-        r = simulate(problem, cand)
+        r = simulate(problem, cand, check=False)  # valid by construction (deferred)
         if r.peak_memory_bytes <= budget:
             return cand, r
     return None

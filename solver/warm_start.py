@@ -64,8 +64,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     Last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
     The two deferrals share ``defer_moves`` tries (the far one gets half as many too) and, with a
-    ``deadline``, the time left. With a ``deadline`` (wall-clock solves only) the tries after the first, and the later steps, stop once
-    it has passed."""
+    ``deadline``, the time left. With a ``deadline`` (wall-clock solves only) the tries after the
+    first, and the later steps, stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     t = time.perf_counter()
     base = overlap_schedule(problem, config=oc)  # the bucketed tries compare with it
