@@ -33,11 +33,13 @@ log = logging.getLogger(__name__)
 
 
 def defer_far_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
-                      max_moves: int = 32, max_seeds: int = 256, deadline: float | None = None) -> Schedule:
+                      max_moves: int = 32, max_seeds: int = 256, deadline: float | None = None,
+                      min_gain_ns: int = 0) -> Schedule:
     """Improve ``schedule`` by deferring single fillers past the head of an exposed collective's
     queue (see module doc). At most ``max_moves`` moves are kept, and at most ``max_seeds``
-    fillers (evenly spread over the program) are tried per head. ``deadline`` (a
-    ``time.perf_counter()`` value; None: none, the deterministic default) stops it early."""
+    fillers (evenly spread over the program) are tried per head; a move must shorten the makespan by
+    more than ``min_gain_ns``. ``deadline`` (a ``time.perf_counter()`` value; None: none, the
+    deterministic default) stops it early."""
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
     fillers = sorted(filler_ops(problem), key=problem.index.__getitem__)
     best, res = schedule, simulate(problem, schedule)
@@ -51,7 +53,7 @@ def defer_far_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_by
             if (head.members, res.makespan_ns) in tried:
                 continue
             tried.add((head.members, res.makespan_ns))
-            found = _best_move(problem, best, res, head, fillers, budget, max_seeds, deadline)
+            found = _best_move(problem, best, res, head, fillers, budget, max_seeds, deadline, min_gain_ns)
             if found is not None:
                 break
         if found is None:
@@ -72,10 +74,10 @@ def queue_head(res: SimResult, t: CollectiveTiming) -> CollectiveTiming:
 
 
 def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, head: CollectiveTiming,
-               fillers: list[str], budget: int, max_seeds: int, deadline: float | None
+               fillers: list[str], budget: int, max_seeds: int, deadline: float | None, min_gain_ns: int
                ) -> tuple[Schedule, SimResult] | None:
-    """The fastest single-filler deferral past ``head``'s issue that shortens the makespan within
-    ``budget`` (None if none does)."""
+    """The fastest single-filler deferral past ``head``'s issue that shortens the makespan by more
+    than ``min_gain_ns`` within ``budget`` (None if none does)."""
     anc = 0
     for m in head.members:
         anc |= problem.ancestors[problem.index[m]] | (1 << problem.index[m])
@@ -83,4 +85,5 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, head: 
     seeds = [f for f in fillers if pos[f] < head.issue_pos and not anc >> problem.index[f] & 1]
     if len(seeds) > max_seeds:
         seeds = [seeds[k * len(seeds) // max_seeds] for k in range(max_seeds)]
-    return fastest_deferral(problem, sched, res, head.issue_pos, ({f} for f in seeds), budget, deadline)
+    return fastest_deferral(problem, sched, res, head.issue_pos, ({f} for f in seeds), budget, deadline,
+                            min_gain_ns)

@@ -196,11 +196,11 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, t, run
 
 
 def fastest_deferral(problem: ScheduleProblem, sched: Schedule, res: SimResult, issue_pos: int,
-                     seed_sets: Iterable[set[str]], budget: int, deadline: float | None = None
-                     ) -> tuple[Schedule, SimResult] | None:
+                     seed_sets: Iterable[set[str]], budget: int, deadline: float | None = None,
+                     min_gain_ns: int = 0) -> tuple[Schedule, SimResult] | None:
     """Of the deferrals of each seed set past the issue at ``issue_pos`` (:func:`deferred`), the
-    fastest within ``budget`` that beats ``res`` (the simulation of ``sched``), simulated; None if
-    none does. Candidates are ranked by makespan (no memory curve), ties by their order, and only
+    fastest within ``budget`` that beats ``res`` (the simulation of ``sched``) by more than
+    ``min_gain_ns``, simulated; None if none does. Candidates are ranked by makespan (no memory curve), ties by their order, and only
     the best are simulated in full; ``deadline`` stops the ranking early."""
     pos = {op: i for i, op in enumerate(sched.order)}
     bucketed = frozenset(m for b in sched.buckets for m in b)
@@ -209,7 +209,7 @@ def fastest_deferral(problem: ScheduleProblem, sched: Schedule, res: SimResult, 
         if deadline is not None and time.perf_counter() > deadline:
             break
         cand = deferred(problem, sched, pos, bucketed, issue_pos, seeds) if seeds else None
-        if cand is not None and (ms := makespan_ns(problem, cand)) < res.makespan_ns:
+        if cand is not None and (ms := makespan_ns(problem, cand)) < res.makespan_ns - min_gain_ns:
             ranked.append((ms, k, cand))
     for _, _, cand in sorted(ranked, key=lambda x: x[:2]):  # the fastest that fits the memory budget
         r = simulate(problem, cand, check=False)  # valid by construction (deferred)

@@ -18,6 +18,7 @@ from ortools.sat.python import cp_model
 
 from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.far_defer import defer_far_fillers
+from ..heuristics.single_pull import pull_single_fillers
 from .cpsat_config import (
     Progress,
     Result,
@@ -39,7 +40,7 @@ from .layers import LayerStructure
 from .problem import ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
-from .warm_start import POLISH_TRIES, far_seeds
+from .warm_start import MOVE_MIN_GAIN_NS, POLISH_TRIES, far_seeds
 
 log = logging.getLogger(__name__)
 
@@ -283,12 +284,17 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
 
 
 def _far_round(problem: ScheduleProblem, budget: int, best: Schedule, deadline: float | None) -> Schedule | None:
-    """One far filler deferral from the incumbent (None when it found none): on a wall clock
-    within FAR_ROUND_S (a sweep that finds nothing tries every exposed queue's fillers)."""
+    """One cheap move from the incumbent (None when it found none): a far filler deferral, else a
+    single pull into a stall (heuristics/single_pull.py), each gaining more than MOVE_MIN_GAIN_NS;
+    on a wall clock within FAR_ROUND_S (a sweep that finds nothing tries every exposed queue's
+    fillers)."""
     if deadline is not None:
         deadline = min(deadline, time.perf_counter() + FAR_ROUND_S)
     new = defer_far_fillers(problem, best, budget_bytes=budget, max_moves=1, max_seeds=far_seeds(problem),
-                            deadline=deadline)
+                            deadline=deadline, min_gain_ns=MOVE_MIN_GAIN_NS)
+    if new is best:
+        new = pull_single_fillers(problem, best, budget_bytes=budget, max_moves=1, deadline=deadline,
+                                  min_gain_ns=MOVE_MIN_GAIN_NS)
     return None if new is best else new
 
 

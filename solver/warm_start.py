@@ -16,6 +16,7 @@ from ..heuristics.fill import fill_stalls
 from ..heuristics.overlap import OverlapConfig, overlap_schedule
 from ..heuristics.pipeline import pipeline_fillers
 from ..heuristics.reorder import defer_independent
+from ..heuristics.single_pull import pull_single_fillers
 from ..heuristics.sink import sink_stalled_waits
 from .problem import ScheduleProblem
 from .schedule import Schedule
@@ -37,6 +38,9 @@ DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so
 CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
 FAR_SEEDS = 256  # fillers tried per queue head by the far deferral (fewer past DEFER_REF_OPS ops)
 POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step here, and each search gain
+# far deferrals and single pulls must gain more than this: on the tp_2x4 backward, moves of a
+# second each went on gaining 2 ns apiece (rounding) for 8 s
+MOVE_MIN_GAIN_NS = 1_000
 BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
 
 
@@ -60,7 +64,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     longest path first (:func:`..heuristics.critical_path.critical_path_schedule`, at most
     ``critical_builds`` rebuilds; None: its default), deferred again, single fillers from far back
     deferred past the heads of exposed queues (:func:`..heuristics.far_defer.defer_far_fillers`),
-    stalls filled and waits sunk.
+    stalls filled and waits sunk, and single ops pulled into stalls one at a time
+    (:func:`..heuristics.single_pull.pull_single_fillers`).
     Last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
     The two deferrals share ``defer_moves`` tries (the far one gets half as many too) and, with a
@@ -115,7 +120,11 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
 
     def far(s: Schedule) -> Schedule:
         return defer_far_fillers(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=deadline,
-                                 max_seeds=far_seeds(problem))
+                                 max_seeds=far_seeds(problem), min_gain_ns=MOVE_MIN_GAIN_NS)
+
+    def pull(s: Schedule) -> Schedule:
+        return pull_single_fillers(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=deadline,
+                                   min_gain_ns=MOVE_MIN_GAIN_NS)
 
     def pipeline(s: Schedule) -> Schedule:
         return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)
@@ -132,7 +141,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
         steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
                   ("pipeline", pipeline), ("critical", critical), ("defer", defer_half_left), ("far", far),
-                  ("fill", fill), ("sink", sink)]
+                  ("fill", fill), ("sink", sink), ("pull", pull)]
     if config.polish:
         steps.append(("polish", polish))
     for step, fn in steps:

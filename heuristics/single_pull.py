@@ -1,0 +1,90 @@
+"""Single pulls: close a stall with one op from anywhere after it (free order).
+
+Entry point: :func:`pull_single_fillers`. :func:`.fill.fill_stalls` walks the program once and
+pulls ready compute into every stall in turn, so one pull that outlasts its stall and delays
+what follows sinks the whole pass. Here each stall is tried on its own: any compute op after the
+wait whose inputs all exist before it may move to just before the wait, and the simulator
+scores each move. On the tp backward, two activation-gradient collectives were left exposed by
+6.4 and 6.8 us after the search; a 17 us cast from further on hides each of them.
+
+Stalls are tried least exposed first (a small one is the likeliest to close completely). Per
+stall, ops that cover the exposure come first, the shortest of them first (they delay the
+least), then the rest, longest first. The best move that shortens the makespan within the
+memory budget is kept, and the search starts again. A move is valid by construction: the op's
+inputs stay before it and its users after it, and no collective or wait moves relative to
+another.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..solver.problem import OpKind, ScheduleProblem
+from ..solver.schedule import Schedule
+from ..solver.simulator import CollectiveTiming, SimResult, makespan_ns, simulate
+from .overlap import original_peak
+
+log = logging.getLogger(__name__)
+
+
+def pull_single_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
+                        max_moves: int = 32, max_candidates: int = 40, deadline: float | None = None,
+                        min_gain_ns: int = 0) -> Schedule:
+    """Improve ``schedule`` by moving single ops to just before stalled waits (see module doc).
+
+    At most ``max_moves`` moves are kept, each shortening the makespan by more than
+    ``min_gain_ns``; ``max_candidates`` ops are tried per stall. The memory budget defaults to the
+    original order's peak. ``deadline`` (a ``time.perf_counter()`` value; None: none, the
+    deterministic default) stops it early."""
+    budget = original_peak(problem) if budget_bytes is None else budget_bytes
+    best, res = schedule, simulate(problem, schedule)
+    for _ in range(max_moves):
+        found = None
+        for t in sorted((t for t in res.collectives if t.exposed_ns > 0), key=lambda t: (t.exposed_ns, t.wait_pos)):
+            if deadline is not None and time.perf_counter() > deadline:
+                return best
+            found = _best_pull(problem, best, res, t, budget, max_candidates, min_gain_ns)
+            if found is not None:
+                break
+        if found is None:
+            break
+        best, res = found
+        log.debug("pull_single_fillers %s: makespan %d ns", problem.name, res.makespan_ns)
+    return best
+
+
+def pull_candidates(problem: ScheduleProblem, order: tuple[str, ...], wait_pos: int, exposed_ns: int,
+                    limit: int) -> list[int]:
+    """Positions of the compute ops after ``wait_pos`` whose inputs all come before it, in the
+    order they are tried (see module doc), at most ``limit``."""
+    pos = {op: i for i, op in enumerate(order)}
+    ops = problem.op_by_name
+    covering: list[tuple[int, int]] = []
+    short: list[tuple[int, int]] = []
+    for j in range(wait_pos + 1, len(order)):
+        op = ops[order[j]]
+        if op.kind is not OpKind.COMPUTE or op.runtime_ns == 0 or any(pos[d] >= wait_pos for d in op.deps):
+            continue
+        if op.runtime_ns >= exposed_ns:
+            covering.append((op.runtime_ns, j))
+        else:
+            short.append((-op.runtime_ns, j))
+    return [j for _, j in sorted(covering) + sorted(short)][:limit]
+
+
+def _best_pull(problem: ScheduleProblem, sched: Schedule, res: SimResult, t: CollectiveTiming, budget: int,
+               limit: int, min_gain_ns: int) -> tuple[Schedule, SimResult] | None:
+    """The fastest single pull before ``t``'s wait within ``budget`` that beats ``res`` by more
+    than ``min_gain_ns`` (None if none does). Ranked by makespan, then simulated in full."""
+    order, w = sched.order, t.wait_pos
+    ranked: list[tuple[int, int, Schedule]] = []
+    for j in pull_candidates(problem, order, w, t.exposed_ns, limit):
+        cand = Schedule(order[:w] + (order[j],) + order[w:j] + order[j + 1:], sched.buckets, sched.multi_dtype)
+        if (ms := makespan_ns(problem, cand)) < res.makespan_ns - min_gain_ns:
+            ranked.append((ms, j, cand))
+    for _, _, cand in sorted(ranked, key=lambda x: x[:2]):
+        r = simulate(problem, cand, check=False)  # valid by construction
+        if r.peak_memory_bytes <= budget:
+            return cand, r
+    return None
