@@ -20,16 +20,11 @@ FIFO order of every group (see reorder.py), and the simulator scores it.
 
 from __future__ import annotations
 
-import logging
-import time
-
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule
-from ..solver.simulator import CollectiveTiming, SimResult, simulate
+from ..solver.simulator import CollectiveTiming, SimResult
 from .overlap import original_peak
-from .reorder import fastest_deferral, filler_ops
-
-log = logging.getLogger(__name__)
+from .reorder import fastest_deferral, filler_ops, first_improvements
 
 
 def defer_far_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
@@ -42,25 +37,17 @@ def defer_far_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_by
     deterministic default) stops it early."""
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
     fillers = sorted(filler_ops(problem), key=problem.index.__getitem__)
-    best, res = schedule, simulate(problem, schedule)
     tried: set[tuple[tuple[str, ...], int]] = set()  # (head, makespan when tried)
-    for _ in range(max_moves):
-        found = None
-        for t in sorted((t for t in res.collectives if t.exposed_ns > 0), key=lambda t: (-t.exposed_ns, t.issue_pos)):
-            if deadline is not None and time.perf_counter() > deadline:
-                return best
-            head = queue_head(res, t)
-            if (head.members, res.makespan_ns) in tried:
-                continue
-            tried.add((head.members, res.makespan_ns))
-            found = _best_move(problem, best, res, head, fillers, budget, max_seeds, deadline, min_gain_ns)
-            if found is not None:
-                break
-        if found is None:
-            break
-        best, res = found
-        log.debug("defer_far_fillers %s: makespan %d ns", problem.name, res.makespan_ns)
-    return best
+
+    def move(sched: Schedule, res: SimResult, t: CollectiveTiming) -> tuple[Schedule, SimResult] | None:
+        head = queue_head(res, t)
+        if (head.members, res.makespan_ns) in tried:
+            return None
+        tried.add((head.members, res.makespan_ns))
+        return _best_move(problem, sched, res, head, fillers, budget, max_seeds, deadline, min_gain_ns)
+
+    return first_improvements(problem, schedule, "defer_far_fillers", max_moves, deadline,
+                              lambda t: (-t.exposed_ns, t.issue_pos), move)
 
 
 def queue_head(res: SimResult, t: CollectiveTiming) -> CollectiveTiming:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
-from ..solver.simulator import SimResult, makespan_ns, simulate
+from ..solver.simulator import CollectiveTiming, SimResult, makespan_ns, simulate
 from .bucketing import bit_indices
 from .overlap import original_peak
 
@@ -216,3 +216,28 @@ def fastest_deferral(problem: ScheduleProblem, sched: Schedule, res: SimResult, 
         if r.peak_memory_bytes <= budget:
             return cand, r
     return None
+
+
+Move = Callable[[Schedule, SimResult, CollectiveTiming], "tuple[Schedule, SimResult] | None"]
+
+
+def first_improvements(problem: ScheduleProblem, schedule: Schedule, name: str, max_moves: int,
+                       deadline: float | None, key: Callable[[CollectiveTiming], tuple], best_move: Move) -> Schedule:
+    """The local search that far deferral and single pulls share: up to ``max_moves`` times, the
+    exposed collectives in ``key`` order, and the first whose ``best_move(schedule, its
+    simulation, collective)`` finds a move (the new schedule, simulated) takes it; the search stops
+    when none does, or at ``deadline`` (a ``time.perf_counter()`` value; None: none)."""
+    best, res = schedule, simulate(problem, schedule)
+    for _ in range(max_moves):
+        found = None
+        for t in sorted((t for t in res.collectives if t.exposed_ns > 0), key=key):
+            if deadline is not None and time.perf_counter() > deadline:
+                return best
+            found = best_move(best, res, t)
+            if found is not None:
+                break
+        if found is None:
+            break
+        best, res = found
+        log.debug("%s %s: makespan %d ns", name, problem.name, res.makespan_ns)
+    return best

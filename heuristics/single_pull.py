@@ -17,15 +17,11 @@ another.
 
 from __future__ import annotations
 
-import logging
-import time
-
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule
 from ..solver.simulator import CollectiveTiming, SimResult, makespan_ns, simulate
 from .overlap import original_peak
-
-log = logging.getLogger(__name__)
+from .reorder import first_improvements
 
 
 def pull_single_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
@@ -38,20 +34,9 @@ def pull_single_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_
     original order's peak. ``deadline`` (a ``time.perf_counter()`` value; None: none, the
     deterministic default) stops it early."""
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
-    best, res = schedule, simulate(problem, schedule)
-    for _ in range(max_moves):
-        found = None
-        for t in sorted((t for t in res.collectives if t.exposed_ns > 0), key=lambda t: (t.exposed_ns, t.wait_pos)):
-            if deadline is not None and time.perf_counter() > deadline:
-                return best
-            found = _best_pull(problem, best, res, t, budget, max_candidates, min_gain_ns)
-            if found is not None:
-                break
-        if found is None:
-            break
-        best, res = found
-        log.debug("pull_single_fillers %s: makespan %d ns", problem.name, res.makespan_ns)
-    return best
+    return first_improvements(
+        problem, schedule, "pull_single_fillers", max_moves, deadline, lambda t: (t.exposed_ns, t.wait_pos),
+        lambda sched, res, t: _best_pull(problem, sched, res, t, budget, max_candidates, min_gain_ns))
 
 
 def pull_candidates(problem: ScheduleProblem, order: tuple[str, ...], wait_pos: int, exposed_ns: int,

@@ -68,7 +68,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     (:func:`..heuristics.single_pull.pull_single_fillers`).
     Last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
-    The two deferrals share ``defer_moves`` tries (the far one gets half as many too) and, with a
+    The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too) and, with a
     ``deadline``, the time left. With a ``deadline`` (wall-clock solves only) the tries after the
     first, and the later steps, stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)

@@ -327,7 +327,7 @@ def test_seeded_buckets_valid_with_all_kinds() -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_given_base_is_the_unbucketed_schedule(seed: int) -> None:
     """Passing the unbucketed overlap schedule as ``base`` changes nothing but the work done."""
-    from tiny_instances import tiny_problems
+    from tests.solver.tiny_instances import tiny_problems
 
     for p in tiny_problems(4, seed=100 + seed):
         cfg = OverlapConfig(memory_budget_bytes=original_peak(p))
