@@ -34,18 +34,24 @@ from .overlap import original_peak
 log = logging.getLogger(__name__)
 
 
-def sunk(problem: ScheduleProblem, sched: Schedule, wait_pos: int) -> Schedule | None:
+def sunk(problem: ScheduleProblem, sched: Schedule, wait_pos: int, cover_ns: int | None = None) -> Schedule | None:
     """``sched`` with the wait at ``wait_pos`` and its dependents moved to just before the first
-    positive-cost compute that depends on it; None when nothing would move or a bucket breaks."""
+    positive-cost compute that depends on it, or with ``cover_ns``, to just after the first
+    compute passed that lasts ``cover_ns`` in all, if that comes first (a stall covered, without
+    holding up what the wait feeds any longer); None when nothing would move or a bucket breaks."""
     order = sched.order
     ops, index = problem.ops, problem.index
     moved_bits = 1 << index[order[wait_pos]]
     moved, kept = [order[wait_pos]], []
-    stop = len(order)
+    stop, passed = len(order), 0
     for p in range(wait_pos + 1, len(order)):
         i = index[order[p]]
+        if cover_ns is not None and passed >= cover_ns:
+            stop = p
+            break
         if not problem.ancestors[i] & moved_bits:
             kept.append(order[p])
+            passed += ops[i].runtime_ns if ops[i].kind is OpKind.COMPUTE else 0
             continue
         if ops[i].kind is OpKind.COMPUTE and ops[i].runtime_ns > 0:
             stop = p

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from fxsched.heuristics.concentrate import concentrate_stalls, pulled, reordered_runs
 from fxsched.heuristics.overlap import overlap_schedule
+from fxsched.heuristics.sink import sunk
 from fxsched.solver import Schedule, check_schedule, simulate
 
 from tests.solver.solver_builders import AG, coll, compute, make_problem, wait, zero
@@ -52,6 +53,24 @@ def test_a_stalled_wait_sinks_into_the_next_run() -> None:
     assert out.order == ("c1", "c2", "x", "y", "w2", "w1", "v1", "z")
     r = simulate(p, out)
     assert (r.makespan_ns, r.exposed_ns, r.n_hidden_hideable) == (65, 45, 1)
+
+
+def test_a_stalled_wait_sinks_just_past_its_stall() -> None:
+    """c1 (group A, 30 ns) at 0, x 0..10, w1 stalls 20 (to 30); c3 (group B, 20 ns) needs w1: 30..50;
+    y1 and y2 (20 ns each, independent) 30..70; w3 at 70, z (5 ns, needs w3) 70..75.
+    Sunk to z, the first compute that needs it, w1 takes c3 along: x, y1, y2 to 50, c3 50..70, w3
+    stalls 20 and z ends at 75 again. Sunk just past 20 ns of compute (y1): w1 at 30 without a
+    stall, c3 30..50 under y2, z 50..55, which the concentrating pass keeps."""
+    p = make_problem([coll("c1", "A", AG, runtime_ns=30), compute("x", 10), wait("w1", "c1"),
+                      coll("c3", "B", AG, runtime_ns=20, deps=["w1"]), compute("y1", 20), compute("y2", 20),
+                      wait("w3", "c3"), compute("z", 5, deps=["w3"])])
+    base = Schedule.original(p)
+    assert simulate(p, base).makespan_ns == 75
+    full, partial = sunk(p, base, 2), sunk(p, base, 2, cover_ns=20)
+    assert full.order == ("c1", "x", "y1", "y2", "w1", "c3", "w3", "z")
+    assert partial.order == ("c1", "x", "y1", "w1", "c3", "y2", "w3", "z")
+    assert (simulate(p, full).makespan_ns, simulate(p, partial).makespan_ns) == (75, 55)
+    assert simulate(p, concentrate_stalls(p, base)).makespan_ns == 55
 
 
 def test_a_collective_issued_inside_a_run_goes_first() -> None:
