@@ -26,17 +26,20 @@ from .reorder import first_improvements
 
 def pull_single_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
                         max_moves: int = 32, max_candidates: int = 40, deadline: float | None = None,
-                        min_gain_ns: int = 0) -> Schedule:
+                        min_gain_ns: int = 0, max_evals: int | None = None) -> Schedule:
     """Improve ``schedule`` by moving single ops to just before stalled waits (see module doc).
 
     At most ``max_moves`` moves are kept, each shortening the makespan by more than
-    ``min_gain_ns``; ``max_candidates`` ops are tried per stall. The memory budget defaults to the
-    original order's peak. ``deadline`` (a ``time.perf_counter()`` value; None: none, the
-    deterministic default) stops it early."""
+    ``min_gain_ns``; ``max_candidates`` ops are tried per stall, and ``max_evals`` (None: no limit)
+    candidates in all, a bound on the work that does not depend on the machine (each one
+    simulates the whole graph). The memory budget defaults to the original order's peak.
+    ``deadline`` (a ``time.perf_counter()`` value; None: none, the deterministic default) stops it
+    early."""
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
+    left = [max_evals]  # candidates still to try (None: no limit)
     return first_improvements(
         problem, schedule, "pull_single_fillers", max_moves, deadline, lambda t: (t.exposed_ns, t.wait_pos),
-        lambda sched, res, t: _best_pull(problem, sched, res, t, budget, max_candidates, min_gain_ns))
+        lambda sched, res, t: _best_pull(problem, sched, res, t, budget, max_candidates, min_gain_ns, left))
 
 
 def pull_candidates(problem: ScheduleProblem, order: tuple[str, ...], wait_pos: int, exposed_ns: int,
@@ -59,11 +62,15 @@ def pull_candidates(problem: ScheduleProblem, order: tuple[str, ...], wait_pos: 
 
 
 def _best_pull(problem: ScheduleProblem, sched: Schedule, res: SimResult, t: CollectiveTiming, budget: int,
-               limit: int, min_gain_ns: int) -> tuple[Schedule, SimResult] | None:
+               limit: int, min_gain_ns: int, left: list[int | None]) -> tuple[Schedule, SimResult] | None:
     """The fastest single pull before ``t``'s wait within ``budget`` that beats ``res`` by more
-    than ``min_gain_ns`` (None if none does). Ranked by makespan, then simulated in full."""
+    than ``min_gain_ns`` (None if none does). Ranked by makespan, then simulated in full; ``left``
+    holds how many candidates may still be tried, counted down."""
     order, w = sched.order, t.wait_pos
     ranked: list[tuple[int, int, Schedule]] = []
+    if left[0] is not None:
+        limit = min(limit, left[0])
+        left[0] -= limit
     for j in pull_candidates(problem, order, w, t.exposed_ns, limit):
         cand = Schedule(order[:w] + (order[j],) + order[w:j] + order[j + 1:], sched.buckets, sched.multi_dtype)
         if (ms := makespan_ns(problem, cand)) < res.makespan_ns - min_gain_ns:

@@ -40,7 +40,7 @@ from .layers import LayerStructure
 from .problem import ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
-from .warm_start import MOVE_MIN_GAIN_NS, POLISH_TRIES, far_seeds
+from .warm_start import MOVE_MIN_GAIN_NS, POLISH_TRIES, far_seeds, pull_evals
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ def _far_round(problem: ScheduleProblem, budget: int, best: Schedule, deadline: 
                             deadline=deadline, min_gain_ns=MOVE_MIN_GAIN_NS)
     if new is best:
         new = pull_single_fillers(problem, best, budget_bytes=budget, max_moves=1, deadline=deadline,
-                                  min_gain_ns=MOVE_MIN_GAIN_NS)
+                                  min_gain_ns=MOVE_MIN_GAIN_NS, max_evals=pull_evals(problem))
     return None if new is best else new
 
 

@@ -37,6 +37,7 @@ DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budg
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
 CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
 FAR_SEEDS = 256  # fillers tried per queue head by the far deferral (fewer past DEFER_REF_OPS ops)
+PULL_EVALS = 2000  # candidates a single-pull pass tries in all (fewer past DEFER_REF_OPS ops)
 POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step here, and each search gain
 # far deferrals and single pulls must gain more than this: on the tp_2x4 backward, moves of a
 # second each went on gaining 2 ns apiece (rounding) for 8 s
@@ -48,6 +49,13 @@ def far_seeds(problem: ScheduleProblem) -> int:
     """Fillers the far deferral tries per queue head: FAR_SEEDS, fewer past DEFER_REF_OPS ops
     (each try simulates the whole graph)."""
     return max(16, int(FAR_SEEDS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
+
+
+def pull_evals(problem: ScheduleProblem) -> int:
+    """Candidates a single-pull pass tries in all: PULL_EVALS, fewer past DEFER_REF_OPS ops (each
+    simulates the whole graph), so that deterministic solves, which run it with no deadline, do a
+    bounded amount of work."""
+    return max(64, int(PULL_EVALS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
 
 
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
@@ -124,7 +132,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
 
     def pull(s: Schedule) -> Schedule:
         return pull_single_fillers(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=deadline,
-                                   min_gain_ns=MOVE_MIN_GAIN_NS)
+                                   min_gain_ns=MOVE_MIN_GAIN_NS, max_evals=pull_evals(problem))
 
     def pipeline(s: Schedule) -> Schedule:
         return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)

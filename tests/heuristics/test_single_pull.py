@@ -41,6 +41,14 @@ def test_pulls_the_op_that_covers_the_stall() -> None:
     assert simulate(p, out).makespan_ns == 550 == brute_force(p, bucketing=False).best_makespan_ns
 
 
+def test_max_evals_bounds_the_candidates_tried() -> None:
+    """The first candidate (e, which covers the stall) is enough; none tried changes nothing."""
+    p = pull_problem()
+    base = Schedule.original(p)
+    assert pull_single_fillers(p, base, max_evals=0) == base
+    assert simulate(p, pull_single_fillers(p, base, max_evals=1)).makespan_ns == 550
+
+
 def test_candidates_cover_the_stall_shortest_first_then_the_longest() -> None:
     """With f (250 ns, needs b: not before wc) and g (20 ns) added, the stall of 200 ns is covered by
     e (300) only; then d (50) and g (20), longest first."""
