@@ -33,7 +33,7 @@ from fxsched.heuristics.classic import raise_and_sink, raise_collectives, sink_w
 from fxsched.heuristics.overlap import OverlapConfig, overlap_schedule
 from fxsched.heuristics.placement import Placement
 from fxsched.solver import OpKind, Schedule, ScheduleProblem, check_schedule, simulate
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.solver.random_dags import problems, random_problem

@@ -4,10 +4,11 @@ oracle, the candidates' order, and validity on tiny problems."""
 from __future__ import annotations
 
 import pytest
-from fxsched.heuristics.overlap import original_peak, overlap_schedule
+from fxsched.heuristics.overlap import overlap_schedule
 from fxsched.heuristics.single_pull import pull_candidates, pull_single_fillers
-from fxsched.solver import Schedule, check_schedule, simulate
+from fxsched.solver import Schedule, simulate
 
+from tests.heuristics.checks import assert_valid_never_worse
 from tests.solver.oracle import brute_force
 from tests.solver.solver_builders import coll, compute, make_problem, wait
 from tests.solver.tiny_instances import tiny_problems
@@ -62,10 +63,6 @@ def test_candidates_cover_the_stall_shortest_first_then_the_longest() -> None:
 @pytest.mark.parametrize("p", tiny_problems(20, seed=11), ids=lambda p: p.name)
 def test_valid_never_worse_within_budget(p) -> None:
     base = overlap_schedule(p)
-    out = pull_single_fillers(p, base)
-    assert check_schedule(p, out) == []
-    r0, r = simulate(p, base), simulate(p, out)
-    assert r.makespan_ns <= r0.makespan_ns
-    assert r.peak_memory_bytes <= max(original_peak(p), r0.peak_memory_bytes)
+    r = assert_valid_never_worse(p, base, pull_single_fillers(p, base))
     oracle = brute_force(p, bucketing=bool(base.buckets), budget_bytes=r.peak_memory_bytes)
     assert r.makespan_ns >= oracle.best_makespan_ns  # no better than every schedule within its peak
