@@ -150,8 +150,8 @@ def concentrate_stalls(problem: ScheduleProblem, schedule: Schedule, *, max_trie
 
     First the runs of stalled waits are reordered; then each stalled wait, most exposed first and
     at most ``max_tries`` of them, is tried sunk to the compute that needs it with the runs
-    reordered again, else sunk just past its stall, else with compute pulled in front of it (:func:`pulled`; with
-    ``keep_heavy_order``, no heavy op passes another). ``deadline`` (a ``time.perf_counter()``
+    reordered again, else sunk just past its stall, else with compute pulled in front of it
+    (:func:`pulled`; with ``keep_heavy_order``, no heavy op passes another). ``deadline`` (a ``time.perf_counter()``
     value) stops the tries early: a try starts only if the longest one so far would end by it.
     """
     if deadline is not None and time.perf_counter() > deadline:

@@ -200,8 +200,9 @@ def fastest_deferral(problem: ScheduleProblem, sched: Schedule, res: SimResult, 
                      min_gain_ns: int = 0) -> tuple[Schedule, SimResult] | None:
     """Of the deferrals of each seed set past the issue at ``issue_pos`` (:func:`deferred`), the
     fastest within ``budget`` that beats ``res`` (the simulation of ``sched``) by more than
-    ``min_gain_ns``, simulated; None if none does. Candidates are ranked by makespan (no memory curve), ties by their order, and only
-    the best are simulated in full; ``deadline`` stops the ranking early."""
+    ``min_gain_ns``, simulated; None if none does. Candidates are ranked by makespan (no memory
+    curve), ties by their order, and only the best are simulated in full; ``deadline`` stops the
+    ranking early."""
     pos = {op: i for i, op in enumerate(sched.order)}
     bucketed = frozenset(m for b in sched.buckets for m in b)
     ranked: list[tuple[int, int, Schedule]] = []

@@ -68,10 +68,10 @@ def _best_pull(problem: ScheduleProblem, sched: Schedule, res: SimResult, t: Col
     holds how many candidates may still be tried, counted down."""
     order, w = sched.order, t.wait_pos
     ranked: list[tuple[int, int, Schedule]] = []
+    cands = pull_candidates(problem, order, w, t.exposed_ns, limit if left[0] is None else min(limit, left[0]))
     if left[0] is not None:
-        limit = min(limit, left[0])
-        left[0] -= limit
-    for j in pull_candidates(problem, order, w, t.exposed_ns, limit):
+        left[0] -= len(cands)
+    for j in cands:
         cand = Schedule(order[:w] + (order[j],) + order[w:j] + order[j + 1:], sched.buckets, sched.multi_dtype)
         if (ms := makespan_ns(problem, cand)) < res.makespan_ns - min_gain_ns:
             ranked.append((ms, j, cand))
