@@ -33,6 +33,11 @@ WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graph
 # 1 GiB no longer fit the budget: 0.35 / 3 GiB gives 175.9 ms there, 1 GiB uniform 188.2 ms
 HEADROOM_TRIES = ((0.35, 3 << 30), (0.5, 2 << 30))
 WARM_START_SHARE = 0.6
+# wall clock: the first deferral's time is half the warm start's left, at most this: its later moves
+# leave the critical-path rebuild after it a worse order. On the tp_2x4 backward, the rebuild gave
+# 32.95 ms after 2-8 s of deferral, 33.0 after 16 s and 33.6 after 69 s (a 240 s budget), and that
+# solve ended slower than a 60 s one (32.63 against 31.8 ms)
+FIRST_DEFER_MAX_S = 20.0
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
 CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
@@ -77,7 +82,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     Last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
     The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too) and, with a
-    ``deadline``, the time left. With a ``deadline`` (wall-clock solves only) the tries after the
+    ``deadline``, the time left (the first at most ``FIRST_DEFER_MAX_S``). With a ``deadline`` (wall-clock solves only) the tries after the
     first, and the later steps, stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     t = time.perf_counter()
@@ -111,7 +116,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     name, sched = best[1], best[2]
     # the two deferral passes share the moves (deterministic) or the time (wall clock) evenly
     half_moves = max(8, defer_moves // 2)
-    mid = None if deadline is None else time.perf_counter() + 0.5 * max(0.0, deadline - time.perf_counter())
+    mid = None if deadline is None else time.perf_counter() + min(
+        FIRST_DEFER_MAX_S, 0.5 * max(0.0, deadline - time.perf_counter()))
 
     def sink(s: Schedule) -> Schedule:
         return sink_stalled_waits(problem, s, budget_bytes=budget_bytes, deadline=deadline)
