@@ -54,7 +54,7 @@ from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
-from .warm_start import CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, DEFER_REF_OPS, WARM_START_SHARE, warm_start
+from .warm_start import CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, WARM_START_SHARE, size_scale, warm_start
 
 log = logging.getLogger(__name__)
 POLISH_SHARE = 0.02  # of a wall-clock budget, kept for the final polish (about a second of a 60 s solve)
@@ -81,7 +81,7 @@ def solve(
     res = _solve(problem, search_s, config, hint, progress, t0)
     if res.status is Status.INFEASIBLE or not config.polish:
         return res
-    tries = max(4, int(64 * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
+    tries = max(4, int(64 * size_scale(problem)))
     deadline = None if config.deterministic else t0 + time_budget_s
     sched = concentrate_stalls(problem, res.schedule, max_tries=tries, deadline=deadline,
                                keep_heavy_order=config.mode == "fixed")
@@ -106,7 +106,7 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     # wall-clock solves keep at least 40% of the budget for the search
     deadline = None if config.deterministic else t0 + WARM_START_SHARE * time_budget_s
     # deterministic solves bound the deferral by the budget; wall-clock ones by the deadline
-    scale = min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))
+    scale = size_scale(problem)
     moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096
     builds = max(8, int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)) if config.deterministic else None
     h_name, h_sched = (("hint", hint) if hint is not None

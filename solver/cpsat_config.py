@@ -188,12 +188,12 @@ def make_solver(config: SolveConfig, time_s: float, lns: bool = False, presolve:
     if lns:  # window models are large and hinted: spend the time searching, not presolving
         prm.cp_model_probing_level = 0
         prm.symmetry_level = 0
-    if not presolve:
-        prm.cp_model_presolve = False
         if config.deterministic:  # nor on LP bounds, which a window's model does not report:
             # these two interleaved LP workers ran 27 s and 6 s of wall time for 0.11 and 0.05
             # deterministic units on a window of the tp backward (1.25 units then took 50 s)
             prm.ignore_subsolvers.extend(["reduced_costs", "max_lp"])
+    if not presolve:
+        prm.cp_model_presolve = False
     prm.random_seed = config.seed
     prm.num_workers = config.workers
     if config.deterministic:

@@ -87,8 +87,8 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     (:func:`_free_round`): whichever kind has paid more for its time so far
     (:func:`.cpsat_window.paid_rate`), free first on an unbucketed incumbent, fixed first on a
     bucketed one; a gain there changes the heavy-compute order the fixed rounds keep. After each
-    gain of a window in free mode, rounds of one far filler deferral each
-    (:func:`..heuristics.far_defer.defer_far_fillers`) run while they find a move.
+    gain of a window in free mode, cheap rounds of one move each (:func:`_move_round`: a far filler
+    deferral, else a single pull) run while they find one.
     """
     h_name, best, best_res = heur
     method = f"heuristic:{h_name}"
@@ -121,24 +121,24 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     paid = {True: [0.0 if free_first else MIN_ROUND_S, 0], False: [MIN_ROUND_S if free_first else 0.0, 0]}
     fixed_done = False
     built: dict[int, float] = {}  # free window size -> longest model build seen (s)
-    # free mode: after each gain of a window, far filler deferral (heuristics/far_defer.py) rounds
-    # of one move each while they find one (the warm start ran it until it found none): a move
-    # takes a fraction of a second where a window takes seconds
-    far_on = False
+    # free mode: after each gain of a window, cheap rounds of one move each (_move_round) while they
+    # find one (the warm start ran both passes until they found none): a move takes a fraction of a
+    # second where a window takes seconds
+    moves_on = False
     for rnd in range(rounds):
         rates = (paid_rate(paid[True]), paid_rate(paid[False]))
-        if far_on:
-            moved = _far_round(problem, budget, best, deadline)
+        if moves_on:
+            moved = _move_round(problem, budget, best, deadline)
             if moved is None:
-                far_on = False  # no move left until a window changes the incumbent
+                moves_on = False  # no move left until a window changes the incumbent
                 continue
             best, best_res = _polished(problem, moved, simulate(problem, moved), config.polish, False)
             method = "cpsat-lns"
             stats["improved"] += 1
-            stats["far_moves"] = stats.get("far_moves", 0) + 1
+            stats["cheap_moves"] = stats.get("cheap_moves", 0) + 1
             tried.clear()
             problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
-            log.info("solve %s: round %d (far deferral): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
+            log.info("solve %s: round %d (cheap move): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
             continue
         if free_windows and (fixed_done or rates[0] > rates[1] or (rates[0] == rates[1] and free_first)):
             left = time_budget_s - (time.perf_counter() - t0)
@@ -168,7 +168,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 stats["improved"] += 1
                 paid[True][1] += before_ns - best_res.makespan_ns
                 tried.clear()  # (free windows are tried again where the stall changed: free_window)
-                far_on = True
+                moves_on = True
                 # the fixed rounds keep the new heavy-compute order
                 problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
                 log.info("solve %s: round %d (free window): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
@@ -231,7 +231,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             stats["improved"] += 1
             paid[False][1] += before_ns - best_res.makespan_ns
             tried.clear()
-            far_on = free_mode
+            moves_on = free_mode
             log.info("solve %s: round %d: makespan %d ns", problem.name, rnd, res.makespan_ns)
     st = proven(Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC, best_res.makespan_ns, floor_ns)
     if best_res.peak_memory_bytes > budget:
@@ -283,13 +283,13 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     return sched, res, work
 
 
-def _far_round(problem: ScheduleProblem, budget: int, best: Schedule, deadline: float | None) -> Schedule | None:
+def _move_round(problem: ScheduleProblem, budget: int, best: Schedule, deadline: float | None) -> Schedule | None:
     """One cheap move from the incumbent (None when it found none): a far filler deferral, else a
     single pull into a stall (heuristics/single_pull.py), each gaining more than MOVE_MIN_GAIN_NS;
-    on a wall clock within FAR_ROUND_S (a sweep that finds nothing tries every exposed queue's
+    on a wall clock within MOVE_ROUND_S (a sweep that finds nothing tries every exposed queue's
     fillers)."""
     if deadline is not None:
-        deadline = min(deadline, time.perf_counter() + FAR_ROUND_S)
+        deadline = min(deadline, time.perf_counter() + MOVE_ROUND_S)
     new = defer_far_fillers(problem, best, budget_bytes=budget, max_moves=1, max_seeds=far_seeds(problem),
                             deadline=deadline, min_gain_ns=MOVE_MIN_GAIN_NS)
     if new is best:
@@ -343,8 +343,8 @@ def deterministic_rounds(max_rounds: int, time_budget_s: float, n_items: int) ->
 
 MIN_ROUND_S = 4.0
 FREE_PATIENCE_S = 3.0  # free windows (truncated: small models): how long a round runs on without a gain
-FAR_ROUND_S = 4.0  # far deferral rounds: at most this long
-FREE_ROUND_S = 8.0  # and at most this long (on the tp backward 5 s rounds gained 13-180 us each)
+MOVE_ROUND_S = 4.0  # cheap move rounds (_move_round): at most this long
+FREE_ROUND_S = 8.0  # free window rounds: at most this long (on the tp backward 5 s rounds gained 13-180 us each)
 ROUND_S_PER_ITEM = 0.003  # deterministic rounds: measured wall cost of a window round per frame item
 LNS_REF_ITEMS = 2000  # deterministic rounds: their units shrink in proportion past this many items
 MAX_RADIUS_FACTOR = 8  # windows stop widening at this multiple of lns_radius

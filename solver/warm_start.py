@@ -50,17 +50,21 @@ MOVE_MIN_GAIN_NS = 1_000
 BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
 
 
+def size_scale(problem: ScheduleProblem) -> float:
+    """1 up to DEFER_REF_OPS ops, less in proportion past it: the share of a local search's tries
+    a graph gets, since each try simulates the whole graph."""
+    return min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))
+
+
 def far_seeds(problem: ScheduleProblem) -> int:
-    """Fillers the far deferral tries per queue head: FAR_SEEDS, fewer past DEFER_REF_OPS ops
-    (each try simulates the whole graph)."""
-    return max(16, int(FAR_SEEDS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
+    """Fillers the far deferral tries per queue head: FAR_SEEDS, scaled by :func:`size_scale`."""
+    return max(16, int(FAR_SEEDS * size_scale(problem)))
 
 
 def pull_evals(problem: ScheduleProblem) -> int:
-    """Candidates a single-pull pass tries in all: PULL_EVALS, fewer past DEFER_REF_OPS ops (each
-    simulates the whole graph), so that deterministic solves, which run it with no deadline, do a
-    bounded amount of work."""
-    return max(64, int(PULL_EVALS * min(1.0, DEFER_REF_OPS / max(1, len(problem.ops)))))
+    """Candidates a single-pull pass tries in all: PULL_EVALS, scaled by :func:`size_scale`, so that
+    deterministic solves, which run it with no deadline, do a bounded amount of work."""
+    return max(64, int(PULL_EVALS * size_scale(problem)))
 
 
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
@@ -81,9 +85,10 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     (:func:`..heuristics.single_pull.pull_single_fillers`).
     Last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
-    The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too) and, with a
-    ``deadline``, the time left (the first at most ``FIRST_DEFER_MAX_S``). With a ``deadline`` (wall-clock solves only) the tries after the
-    first, and the later steps, stop once it has passed."""
+    The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too);
+    with a ``deadline``, the first gets half the time left (at most ``FIRST_DEFER_MAX_S``) and the
+    second half of what is left after it. With a ``deadline`` (wall-clock solves only) the tries
+    after the first, and the later steps, stop once it has passed."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     t = time.perf_counter()
     base = overlap_schedule(problem, config=oc)  # the bucketed tries compare with it
@@ -114,7 +119,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         if key < best[0]:
             best = (key, name, sched)
     name, sched = best[1], best[2]
-    # the two deferral passes share the moves (deterministic) or the time (wall clock) evenly
+    # the two deferral passes share the moves (deterministic) evenly; the time as the docstring says
     half_moves = max(8, defer_moves // 2)
     mid = None if deadline is None else time.perf_counter() + min(
         FIRST_DEFER_MAX_S, 0.5 * max(0.0, deadline - time.perf_counter()))
