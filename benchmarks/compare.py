@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..fxbridge.extract import Extraction, extract_problem
 from ..heuristics import HEURISTICS
-from ..solver.bounds import makespan_lower_bound
+from ..solver.bounds import forced_exposed, makespan_lower_bound
 from ..solver.cpsat import SolveConfig, resolve_budget, solve
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule
@@ -68,7 +68,7 @@ PATCH_NOTE = (
     "= `collective_estimator` = `analytical`, `enable_fusion_regions` = False (fxsched's costs "
     "already price fusion), `insert_overlap_deps` = False; everything else at its default.")
 CRITERION = "fxsched's exposed time at most half of Inductor's, or its makespan within 1% of the proven bound"
-HIDDEN_TARGET = 0.99  # of the hideable collectives, where the proven bound allows every one hidden
+HIDDEN_TARGET = 0.99  # of the hideable collectives, where the bounds do not prove it out of reach
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,7 @@ class PartReport:
     global_bound_ns: int
     notes: list[str]
     budget_bound_ns: int | None = None  # the same within the solves' memory budget
+    forced_exposed: int = 0  # collectives exposed in every schedule (bounds.forced_exposed)
 
     def best(self, prefix: str) -> Row | None:
         """The row with the least exposed time among rows whose label starts with ``prefix``."""
@@ -135,16 +136,24 @@ class PartReport:
     def hidden_target(self, row: Row) -> str:
         """The "99% of hideable collectives hidden wherever the bound allows" check for ``row``.
 
-        It applies where the proven bound allows every collective to be hidden (its exposed part
-        is 0); where the bound proves some exposure, not every hideable collective can be hidden.
+        It is waived only where the bounds prove that more than 1% of the hideable collectives
+        are exposed in every schedule: ``forced_exposed`` of them (:func:`.bounds.forced_exposed`),
+        or at least one where every collective is hideable and the makespan bound proves exposed
+        time. The share is taken of the unbucketed graph's hideable collectives, the most any
+        schedule has. A bound that proves a few microseconds exposed does not waive it.
         """
         hid, able = row.result.n_hidden_hideable, row.result.n_hideable
-        forced = self.global_bound_ns - self.rows[0].result.compute_ns
         if able == 0:
             return "no hideable collectives"
         text = f"hidden {hid}/{able} hideable ({hid / able:.1%})"
-        if forced > 0:
-            return f"{text}; 99% target not applicable (the bound proves {forced / 1e3:,.1f} us exposed)"
+        base = self.rows[0].result
+        proven = self.forced_exposed
+        if proven == 0 and self.global_bound_ns > base.compute_ns and base.n_hideable == base.n_collectives:
+            proven = 1
+        most = base.n_hideable
+        if most - proven < HIDDEN_TARGET * most:
+            return (f"{text}; 99% target not applicable (the bounds prove {proven} of the {most} hideable "
+                    f"collectives exposed in every schedule)")
         return f"{text}; 99% target {'HOLDS' if hid >= HIDDEN_TARGET * able else 'FAILS'}"
 
 
@@ -201,7 +210,7 @@ def compare_part(
         wall = time.perf_counter() - t0
         rows.append(Row(f"cpsat {mode} {budget:g}s", simulate(problem, r.schedule), wall,
                         f"simulated ({r.status.value}, {r.method})", max(r.lower_bound, global_bound)))
-    return PartReport(problem, rows, global_bound, notes, budget_bound)
+    return PartReport(problem, rows, global_bound, notes, budget_bound, forced_exposed(problem))
 
 
 def _fmt_us(ns: int) -> str:

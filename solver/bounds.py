@@ -21,6 +21,7 @@ import numpy as np
 
 from .memory_cuts import bucket_size_caps
 from .problem import OpKind, ScheduleProblem, bit_mask
+from .stream_bound import stream_release_bound
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,35 @@ def exposed_lower_bound(problem: ScheduleProblem) -> ExposedBound:
     if best_dep >= best_fifo:
         return ExposedBound(best_dep, best_dep, best_fifo, f"collective {dep_name}" if dep_name else "none")
     return ExposedBound(best_fifo, best_dep, best_fifo, f"group {fifo_name}")
+
+
+def forced_exposed(problem: ScheduleProblem) -> int:
+    """How many collectives are exposed in every schedule, bucketed or not, in any order.
+
+    A hideable collective ``c`` whose least runtime (alone or in any bucket: the kind's curve
+    minorant at its own size) exceeds the compute independent of it is exposed wherever it runs:
+    a bucket holding it lasts as long, and the compute independent of the bucket is no more.
+    Two such collectives one of which depends on the other cannot share a bucket, so a longest
+    dependency chain among them is a count of distinct exposed units in every schedule.
+    """
+    weights = np.array([op.runtime_ns if op.kind in (OpKind.COMPUTE, OpKind.ZERO) else 0 for op in problem.ops],
+                       dtype=np.int64)
+    total = int(weights.sum())
+    by_key: dict[tuple, list] = {}
+    for c in problem.collectives:
+        by_key.setdefault((c.collective.group, c.collective.kind), []).append(c)  # type: ignore[union-attr]
+    forced = []
+    for (group, kind), cols in by_key.items():
+        lb_fn, _ = _comm_lb_fn(problem, group, kind, cols)
+        for c in cols:
+            i = problem.index[c.name]
+            indep = total - _bit_sum(problem.ancestors[i], weights) - _bit_sum(problem.descendants[i], weights)
+            if 0 < indep < lb_fn(1, float(c.collective.size_bytes)):  # type: ignore[union-attr]
+                forced.append(i)
+    depth: dict[int, int] = {}
+    for i in sorted(forced):  # the problem's order is topological
+        depth[i] = 1 + max((d for j, d in depth.items() if problem.ancestors[i] >> j & 1), default=0)
+    return max(depth.values(), default=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,6 +170,7 @@ def _comm_lb_fn(problem: ScheduleProblem, group: str, kind, members: list):
     since ``g(0) >= 0``) one bucket is cheapest, ``g(bytes)``; with the convex minorant ``h`` of
     the curve and the lone runtimes, k buckets cost at least ``k h(bytes/k)`` (Jensen), min over k.
     ``s`` is a cost per byte that every bucketing pays at least (:func:`_linear_slope`).
+    ``f.one(sizes)`` is ``f(1, size)`` for an array of sizes (one bucket each).
     """
     pts = [(float(op.collective.size_bytes), float(op.runtime_ns)) for op in members]
     curve = problem.curve_by_key.get((group, kind))
@@ -162,6 +193,14 @@ def _comm_lb_fn(problem: ScheduleProblem, group: str, kind, members: list):
             best = max(best, lam * min(a + b * size_bytes for a, b in lines))
         return best
 
+    def one(sizes: np.ndarray) -> np.ndarray:  # lb(1, each size), vectorized
+        out = _eval_pl(hull, sizes)
+        if conc is not None:
+            lam, lines = conc
+            out = np.maximum(out, lam * np.min([a + b * sizes for a, b in lines], axis=0))
+        return out
+
+    lb.one = one  # type: ignore[attr-defined]
     return lb, _linear_slope(hull, conc)
 
 
@@ -231,6 +270,12 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
             lb_fn, slope = fns[kinds.index(c.collective.kind)]  # type: ignore[union-attr]
             rt_min[c.name] = int(np.floor(lb_fn(1, float(sz))))
             per_byte[c.name] = max(slope, prices.get(c.name, 0.0))
+        lb_of = dict(zip(kinds, lbs))
+        stream, what = stream_release_bound(
+            problem, weights, cols, lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
+            {k: f.one for k, f in lb_of.items()}, prices)
+        if stream > best:
+            best, limiting = stream, what
         for t in np.unique(heads):
             in_t = heads >= t
             for u in np.unique(tails[in_t]):
@@ -252,6 +297,18 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
         if total + exposed > best:
             best, limiting = total + exposed, f"compute deferred past {name}"
     return MakespanBound(best, total, limiting)
+
+
+def _comm_of(members, lb_of: dict, prices: dict[str, float]) -> float:
+    """The FIFO term's least time to run ``members`` in any buckets: per kind, the larger of the
+    bucket-curve bound and the members' memory prices."""
+    out = 0.0
+    for kind, lb_fn in lb_of.items():
+        sel = [m for m in members if m.collective.kind is kind]
+        if sel:
+            out += max(lb_fn(len(sel), float(sum(m.collective.size_bytes for m in sel))),
+                       sum(prices.get(m.name, 0.0) * m.collective.size_bytes for m in sel))
+    return out
 
 
 def _budget_prices(problem: ScheduleProblem, budget_bytes: int) -> dict[str, float]:

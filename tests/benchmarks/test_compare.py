@@ -9,6 +9,8 @@ markdown section renders. CP-SAT runs deterministic with a tiny budget; nothing 
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,27 +180,35 @@ def test_schedule_of_original_problem_is_unchanged_by_mapping(ext: Extraction) -
     assert map_schedule(ext.problem, run) == Schedule.original(ext.problem)
 
 
-def test_hidden_target_applies_only_where_the_bound_allows_full_hiding() -> None:
-    """Two collectives on one group, each 100 ns. Hand-derived: in ``free`` (c1 and c2 each
-    under 200 ns of independent compute) the bound's exposed part is 0, so the 99% target
-    applies; the original order issues and waits each at once (both exposed): 0/2 hidden, FAILS;
-    overlap hides both: HOLDS. In ``forced`` x (2000) needs c1 (1100 ns, on the problem's comm
-    curve too) and only z (500) is independent of it, so c1 is hideable but the bound proves
-    1100 - 500 = 600 ns exposed: the target does not apply."""
+def test_hidden_target_is_waived_only_where_the_bounds_put_it_out_of_reach() -> None:
+    """Hand-derived. ``free``: two collectives on one group, 100 ns each, under 200 ns of
+    independent compute: the bound's exposed part is 0, so the 99% target applies; the original
+    order issues and waits each at once (both exposed): 0/2 hidden, FAILS; overlap hides both:
+    HOLDS. ``forced``: x (2000) needs c1 (1100 ns, on the problem's comm curve too) and only z
+    (500) is independent of it, so c1 is hideable but exposed in every schedule: 1 of 1, the
+    target is out of reach and waived. ``queue``: 100 gathers of 200 B on one group whose curve is
+    5000 ns + 0.1 ns/B (5020 ns alone), all independent of x (6000 ns): none is exposed on its
+    own, but the cheapest bucketing (one bucket, 5000 + 0.1 * 20,000) takes 7000 ns, so the bound
+    proves 1000 ns exposed: at least one collective is exposed in every schedule, and 99 of 100
+    hidden is still allowed, so the target applies (original order: FAILS)."""
     from fxsched.heuristics import overlap_schedule
-    from fxsched.solver.bounds import makespan_lower_bound
+    from fxsched.solver.bounds import forced_exposed, makespan_lower_bound
 
-    from tests.solver.solver_builders import coll, compute, make_problem, wait
+    from tests.solver.solver_builders import coll, compute, curves_for, make_problem, wait
 
     free = make_problem([coll("c1", runtime_ns=100), wait("w1", "c1"), coll("c2", runtime_ns=100), wait("w2", "c2"),
                          compute("x", 200, heavy=True), compute("y", 200, deps=["x"], heavy=True)])
     forced = make_problem([coll("c1", runtime_ns=1100, bytes_in=500, bytes_out=500), wait("w1", "c1"),
                            compute("x", 2000, deps=["w1"], heavy=True),
                            compute("z", 500, heavy=True)])
+    queue = make_problem([op for k in range(100) for op in (
+        coll(f"c{k}", runtime_ns=5_020, bytes_in=100, bytes_out=100), wait(f"w{k}", f"c{k}"))]
+        + [compute("x", 6000, heavy=True)], groups=("A",))
+    queue = dataclasses.replace(queue, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))))
 
     def report(p, sched):
         rows = [compare.Row("original order", simulate(p), 0.0), compare.Row("cpsat", simulate(p, sched), 0.0)]
-        return compare.PartReport(p, rows, makespan_lower_bound(p).makespan_ns, [])
+        return compare.PartReport(p, rows, makespan_lower_bound(p).makespan_ns, [], forced_exposed=forced_exposed(p))
 
     r = report(free, Schedule.original(free))
     assert r.global_bound_ns == 400
@@ -206,5 +216,9 @@ def test_hidden_target_applies_only_where_the_bound_allows_full_hiding() -> None
     r = report(free, overlap_schedule(free))
     assert r.hidden_target(r.rows[1]) == "hidden 2/2 hideable (100.0%); 99% target HOLDS"
     r = report(forced, Schedule.original(forced))
+    assert r.forced_exposed == 1
     assert r.hidden_target(r.rows[1]) == ("hidden 0/1 hideable (0.0%); 99% target not applicable "
-                                          "(the bound proves 0.6 us exposed)")
+                                          "(the bounds prove 1 of the 1 hideable collectives exposed in every schedule)")
+    r = report(queue, Schedule.original(queue))
+    assert (r.forced_exposed, r.global_bound_ns) == (0, 7_000)
+    assert r.hidden_target(r.rows[1]) == "hidden 0/100 hideable (0.0%); 99% target FAILS"

@@ -1,0 +1,176 @@
+"""A makespan bound from one group's stream: gradients released as compute runs, gathers before.
+
+Entry point: :func:`stream_release_bound`, one term of :func:`.bounds.makespan_lower_bound`. The
+FIFO term there runs a set of collectives back to back after their least head, at the cheapest
+price a bucket can reach. On a communication-bound backward that is far too kind: the
+reduce-scatters are released one layer at a time as the weight gradients are computed, so the
+stream can only bucket what has been released; large (cheap) buckets wait for late releases,
+and small ones pay the latency. This term prices that trade-off exactly, in a relaxation.
+
+**Relaxation** (one group, one kind ``K`` of its collectives as the *released* set ``R``, every
+other kind as the set ``A``). Every collective of the group starts after the least head ``h`` of
+the group and ends at least ``t`` (the least tail) before the end. Drop every other constraint
+on ``A``; keep on ``R`` only that a bucket cannot start before the compute it and every ``R``
+collective issued before it depend on has run (it is issued after them, and FIFO order is issue
+order). With the ``R`` collectives in stream order, the bucket that ends at the ``x``-th byte
+therefore starts no earlier than ``V(x)``, the least compute of an ancestor-closed set of ops
+holding at least ``x`` bytes of ``R``.
+
+* ``A`` first: in the relaxed problem an ``A`` bucket right after an ``R`` bucket can swap ahead of
+  it (it has no release past ``h``, and the ``R`` bucket then ends when the ``A`` one did), so all
+  of ``A`` runs first, taking at least ``comm(A)`` (the FIFO term's price of the set).
+* ``R`` then runs from ``h + comm(A)`` in buckets over consecutive bytes of the stream order, a
+  bucket of ``s`` bytes taking at least ``cost(s)``: one bucket's share of the kind's cost curve
+  minorant, and at least the least per-byte memory price of ``R`` (both from
+  :mod:`.bounds`). A dynamic program over a byte grid gives the least end time (grid rounding
+  only shrinks buckets and lowers releases: still a bound), and the makespan is at least that
+  plus ``t``.
+
+``V`` is bounded below by Lagrangian duality: for any ``mu >= 0``,
+``V(x) >= min over closed D of (compute(D) - mu * bytes_R(D)) + mu * x``, one minimum cut per
+``mu`` (a maximum-weight closure), solved in exact integers. The mirror image (time reversed:
+``R`` needed by compute, ``A`` last, descendants for ancestors) is a bound too, for gathers in a
+backward pass or a forward one. The larger of all is the term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from ortools.graph.python import max_flow
+
+from .problem import Op, ScheduleProblem, bit_mask
+
+GRID_MIN, GRID_MAX = 512, 4096  # byte cells of the dynamic program (see _grid)
+MU_STEPS = 32  # Lagrange multipliers tried per curve (module doc)
+MU_SPREAD = 100.0  # the least multiplier: the graph's compute per byte over this
+_CAP_TOTAL = 1 << 60  # every finite capacity of a cut sums below this (int64-safe), _BIG above it
+_BIG = 1 << 62
+
+
+class _Closure:
+    """The dependency arcs of a problem, for maximum-weight closures (built once per problem)."""
+
+    def __init__(self, problem: ScheduleProblem, reverse: bool):
+        index = problem.index
+        tails, heads = [], []
+        for op in problem.ops:
+            for d in op.deps:
+                a, b = index[op.name], index[d]
+                tails.append(b if reverse else a)  # an op on the closed side pulls its deps (users) in
+                heads.append(a if reverse else b)
+        self.n = len(problem.ops)
+        self.tails = np.array(tails, dtype=np.int64)
+        self.heads = np.array(heads, dtype=np.int64)
+
+    def least(self, weights: np.ndarray, sizes: np.ndarray, m: int, scale: int) -> int:
+        """``min over closed D of scale * weights(D) - m * sizes(D)`` (exact; the caller keeps
+        ``scale * weights.sum() + m * sizes.sum()`` below ``_CAP_TOTAL``)."""
+        profit = m * sizes - scale * weights
+        pos, neg = np.flatnonzero(profit > 0), np.flatnonzero(profit < 0)
+        src, snk = self.n, self.n + 1
+        flow = max_flow.SimpleMaxFlow()
+        flow.add_arcs_with_capacity(
+            np.concatenate([self.tails, np.full(len(pos), src), neg]),
+            np.concatenate([self.heads, pos, np.full(len(neg), snk)]),
+            np.concatenate([np.full(len(self.tails), _BIG), profit[pos], -profit[neg]]))
+        if flow.solve(src, snk) != flow.OPTIMAL:  # pragma: no cover - integral capacities always solve
+            raise RuntimeError("stream bound: max-flow failed")
+        return -(int(profit[pos].sum()) - int(flow.optimal_flow()))
+
+
+def _release_curve(closure: _Closure, weights: np.ndarray, sizes: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """Per byte count in ``xs``: a lower bound on the least compute of a closed set holding that
+    many bytes of ``sizes`` (Lagrangian dual, module doc)."""
+    total, compute = int(sizes.sum()), int(weights.sum())
+    out = np.zeros(len(xs))
+    if total <= 0 or compute <= 0:
+        return out
+    # multipliers from well below the graph's compute per byte up to the steepest the curve can be
+    # (all compute for the smallest collective's bytes)
+    smallest = int(sizes[sizes > 0].min())
+    for mu in np.geomspace(compute / total / MU_SPREAD, compute / smallest, MU_STEPS):
+        # mu = m / scale ns per byte, m an integer, so the cut is exact in int64: scale is a power
+        # of two that keeps the capacities' sum (scale * (compute + mu * total)) below _CAP_TOTAL
+        scale = 1 << max(0, min(30, int(np.log2(_CAP_TOTAL / (compute + mu * total)))))
+        m = int(mu * scale)
+        if m <= 0:
+            continue
+        val = closure.least(weights, sizes, m, scale)
+        out = np.maximum(out, np.floor((val + m * xs) / scale))
+    return out
+
+
+def _grid(empty_ns: float, all_ns: float) -> int:
+    """Cells for the dynamic program. A bucket there is charged only for the cells it covers
+    whole, so a run of buckets each crossing one cell boundary pays ``empty_ns`` (a bucket's
+    least cost) per cell: with cells enough that a run across all of them costs four times one
+    bucket of everything, that loophole never pays, and each bucket loses at most two cells."""
+    if empty_ns <= 0:
+        return GRID_MAX
+    return int(min(GRID_MAX, max(GRID_MIN, np.ceil(4 * all_ns / empty_ns))))
+
+
+def _least_end(start: float, releases: np.ndarray, cell_cost: np.ndarray) -> float:
+    """Least end of running every byte after ``start`` in buckets over consecutive bytes, on a
+    grid of equal cells: ``f[b]`` bounds the end of any bucket sequence whose last byte lies in
+    cell ``b`` (``[x_b, x_{b+1})``; ``b = K`` is the last byte). A bucket from cell ``i`` to cell
+    ``b`` starts after ``releases[b]`` (releases grow with bytes) and covers at least the
+    ``b - i - 1`` cells strictly between, so it takes at least ``cell_cost[max(0, b - i - 1)]``."""
+    k = len(releases) - 1
+    f = np.full(k + 1, np.inf)
+    f[0] = start
+    for b in range(1, k + 1):
+        i = np.arange(b)
+        f[b] = float(np.min(np.maximum(f[i], releases[b]) + cell_cost[np.maximum(0, b - i - 1)]))
+    return float(f[k])
+
+
+def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Sequence[Op],
+                         comm_of: Callable[[Sequence[Op]], float],
+                         bucket_cost: dict[object, Callable[[np.ndarray], np.ndarray]],
+                         price_of: dict[str, float]) -> tuple[int, str]:
+    """The stream term for one group's collectives ``cols`` (module doc): ``(makespan bound, what)``.
+
+    ``comm_of(members)``: the least time to run ``members`` in any buckets (the FIFO term's);
+    ``bucket_cost[kind](sizes)``: per size, a lower bound on one bucket of that many bytes of the kind;
+    ``price_of[name]``: a per-byte cost every bucket holding that collective pays (0: none).
+    """
+    kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
+    index = problem.index
+    anc_w = {c.name: _masked_sum(problem.ancestors[index[c.name]], weights) for c in cols}
+    desc_w = {c.name: _masked_sum(problem.descendants[index[c.name]], weights) for c in cols}
+    head, tail = min(anc_w.values()), min(desc_w.values())
+    best, what = 0, ""
+    closures = {rev: _Closure(problem, rev) for rev in (False, True)}
+    for kind in kinds:
+        released = [c for c in cols if c.collective.kind is kind]  # type: ignore[union-attr]
+        others = [c for c in cols if c.collective.kind is not kind]  # type: ignore[union-attr]
+        sizes = np.zeros(len(problem.ops), dtype=np.int64)
+        for c in released:
+            sizes[index[c.name]] = c.collective.size_bytes  # type: ignore[union-attr]
+        total = int(sizes.sum())
+        if len(released) < 2 or total == 0:
+            continue
+        price = min(price_of.get(c.name, 0.0) for c in released)
+
+        def cost(x: np.ndarray, kind=kind, price=price) -> np.ndarray:
+            return np.maximum(bucket_cost[kind](x), price * x)
+
+        ends = cost(np.array([0.0, float(total)]))
+        xs = np.linspace(0.0, float(total), _grid(float(ends[0]), float(ends[1])) + 1)
+        cell_cost = cost(xs)  # by the number of cells covered
+        comm_others = comm_of(others) if others else 0.0
+        for reverse, (first, last) in ((False, (head, tail)), (True, (tail, head))):
+            releases = np.maximum(first, _release_curve(closures[reverse], weights, sizes, xs))
+            end = _least_end(first + comm_others, releases, cell_cost) + last
+            if int(end) > best:
+                best = int(end)
+                what = (f"group {released[0].collective.group}: {kind.value} "  # type: ignore[union-attr]
+                        f"{'needed by compute' if reverse else 'released by compute'}")
+    return best, what
+
+
+def _masked_sum(bits: int, weights: np.ndarray) -> int:
+    return int(weights[bit_mask(bits, len(weights))].sum())
