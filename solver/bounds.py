@@ -256,7 +256,8 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
     by_group: dict[str, list] = {}
     for c in problem.collectives:
         by_group.setdefault(c.collective.group, []).append(c)  # type: ignore[union-attr]
-    prices = _budget_prices(problem, memory_budget_bytes) if memory_budget_bytes is not None else {}
+    caps = bucket_size_caps(problem, memory_budget_bytes) if memory_budget_bytes is not None else {}
+    prices = _budget_prices(problem, caps) if memory_budget_bytes is not None else {}
     for g, cols in by_group.items():
         kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
         heads = np.array([weights[anc[c.name]].sum() for c in cols], dtype=np.int64)
@@ -273,7 +274,7 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
         lb_of = dict(zip(kinds, lbs))
         stream, what = stream_release_bound(
             problem, weights, cols, lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
-            {k: f.one for k, f in lb_of.items()}, prices)
+            {k: f.one for k, f in lb_of.items()}, prices, caps)
         if stream > best:
             best, limiting = stream, what
         for t in np.unique(heads):
@@ -311,8 +312,9 @@ def _comm_of(members, lb_of: dict, prices: dict[str, float]) -> float:
     return out
 
 
-def _budget_prices(problem: ScheduleProblem, budget_bytes: int) -> dict[str, float]:
-    """Per collective: a cost per byte of its own that every schedule within ``budget_bytes`` pays.
+def _budget_prices(problem: ScheduleProblem, caps: dict[str, float]) -> dict[str, float]:
+    """Per collective: a cost per byte of its own that every schedule within the budget pays,
+    from the budget's bucket size ``caps`` (:func:`.memory_cuts.bucket_size_caps`).
 
     A bucket ``B`` holding ``c`` is no larger than ``cap(c)`` and costs at least
     ``g(size(B)) = size(B) * g(size(B))/size(B) >= sum of size(m) * g(cap(m))/cap(m)`` over its
@@ -320,7 +322,6 @@ def _budget_prices(problem: ScheduleProblem, budget_bytes: int) -> dict[str, flo
     costs its runtime, at least ``g(size(c))``: so the price is ``g(x)/x`` at
     ``x = max(cap(c), size(c))``. Kinds without a concave minorant get none.
     """
-    caps = bucket_size_caps(problem, budget_bytes)
     by_key: dict[tuple, list] = {}
     for c in problem.collectives:
         by_key.setdefault((c.collective.group, c.collective.kind), []).append(c)  # type: ignore[union-attr]

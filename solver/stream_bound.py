@@ -127,15 +127,53 @@ def _least_end(start: float, releases: np.ndarray, cell_cost: np.ndarray) -> flo
     return float(f[k])
 
 
+def _capped_comm(members: Sequence[Op], caps: dict[str, float], cost: Callable[[np.ndarray], np.ndarray]) -> float:
+    """Least time to run ``members`` (one kind) in buckets no larger than the least cap of their
+    members (a bucket of one may be as large as its member): a lower bound on their stream time.
+
+    Relaxed to buckets of any bytes of the members (a member's bytes may be split), the cheapest
+    buckets take the bytes in increasing order of cap, each a run of consecutive bytes: given any
+    buckets, refilling them (same sizes, in increasing order of their own least caps) with the
+    bytes in that order keeps every one within its cap, since the bytes with cap at most ``c``
+    sat in buckets whose least cap is at most ``c``. A dynamic program over a byte grid (as
+    :func:`_least_end`: a bucket is charged for the cells it covers whole, and may be as large as
+    the largest cap in its first cell) gives the least total.
+    """
+    order = sorted(members, key=lambda c: caps.get(c.name, np.inf))
+    sizes = np.array([c.collective.size_bytes for c in order], dtype=float)  # type: ignore[union-attr]
+    total = float(sizes.sum())
+    cap_of = np.array([caps.get(c.name, np.inf) for c in order])
+    if total <= 0 or not np.isfinite(cap_of).any():
+        return 0.0
+    ends = cost(np.array([0.0, total]))
+    xs = np.linspace(0.0, total, _grid(float(ends[0]), float(ends[1])) + 1)
+    cell_cost = cost(xs)
+    # per cell: the largest cap among its bytes (that of the member holding its last byte)
+    owner = np.minimum(np.searchsorted(np.cumsum(sizes), xs[1:], side="left"), len(order) - 1)
+    allowed = np.maximum(cap_of[owner], sizes.max())
+    k = len(xs) - 1
+    t = np.full(k + 1, np.inf)
+    t[0] = 0.0
+    for b in range(1, k + 1):
+        i = np.arange(b)
+        covered = np.maximum(0, b - i - 1)
+        ok = covered * (total / k) <= allowed[i]
+        if ok.any():
+            t[b] = float(np.min(t[i][ok] + cell_cost[covered[ok]]))
+    return float(t[k]) if np.isfinite(t[k]) else 0.0
+
+
 def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Sequence[Op],
                          comm_of: Callable[[Sequence[Op]], float],
                          bucket_cost: dict[object, Callable[[np.ndarray], np.ndarray]],
-                         price_of: dict[str, float]) -> tuple[int, str]:
+                         price_of: dict[str, float], caps: dict[str, float] | None = None) -> tuple[int, str]:
     """The stream term for one group's collectives ``cols`` (module doc): ``(makespan bound, what)``.
 
     ``comm_of(members)``: the least time to run ``members`` in any buckets (the FIFO term's);
     ``bucket_cost[kind](sizes)``: per size, a lower bound on one bucket of that many bytes of the kind;
-    ``price_of[name]``: a per-byte cost every bucket holding that collective pays (0: none).
+    ``price_of[name]``: a per-byte cost every bucket holding that collective pays (0: none);
+    ``caps[name]``: the largest bucket of two or more that may hold it (none: no limit), which
+    the first-run set's time also honours (:func:`_capped_comm`).
     """
     kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
     index = problem.index
@@ -161,7 +199,11 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
         ends = cost(np.array([0.0, float(total)]))
         xs = np.linspace(0.0, float(total), _grid(float(ends[0]), float(ends[1])) + 1)
         cell_cost = cost(xs)  # by the number of cells covered
-        comm_others = comm_of(others) if others else 0.0
+        comm_others = 0.0
+        for other in {c.collective.kind for c in others}:  # type: ignore[union-attr]
+            sel = [c for c in others if c.collective.kind is other]  # type: ignore[union-attr]
+            capped = _capped_comm(sel, caps, bucket_cost[other]) if caps else 0.0
+            comm_others += max(comm_of(sel), capped)
         for reverse, (first, last) in ((False, (head, tail)), (True, (tail, head))):
             releases = np.maximum(first, _release_curve(closures[reverse], weights, sizes, xs))
             end = _least_end(first + comm_others, releases, cell_cost) + last

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 from fxsched.solver.bounds import makespan_lower_bound
-from fxsched.solver.stream_bound import _Closure, _least_end, _release_curve
+from fxsched.solver.stream_bound import _capped_comm, _Closure, _least_end, _release_curve
 from oracle import brute_force, default_budget
 from solver_builders import RS, coll, compute, curves_for, make_problem, wait
 from tiny_instances import latency_dominated, tiny_problems
@@ -68,6 +68,19 @@ def test_least_end_by_hand() -> None:
     30 too. The least is 30."""
     cell_cost = np.array([10.0, 11.0, 12.0, 13.0])
     assert _least_end(0.0, np.array([0.0, 0.0, 5.0, 20.0]), cell_cost) == 30.0
+
+
+def test_capped_comm_by_hand() -> None:
+    """Gathers a, b, c of 100 B each, caps 150, 250 and none, one bucket of x bytes costing
+    10 + x ns. All 300 B in one bucket would hold a (cap 150): not allowed, so two buckets at
+    least (a alone and b with c, say): 20 + 300 = 320 ns. The grid loses at most two of its 512
+    cells per bucket (0.6 ns each); without caps one bucket would do: 310."""
+    p = make_problem([coll(n, runtime_ns=110, bytes_in=50, bytes_out=50) for n in "abc"]
+                     + [wait(f"w{n}", n) for n in "abc"], groups=("A",))
+    caps = {"a": 150.0, "b": 250.0, "c": float("inf")}
+    t = _capped_comm(p.collectives, caps, lambda x: 10 + x)
+    assert 317 <= t <= 320
+    assert _capped_comm(p.collectives, {}, lambda x: 10 + x) == 0.0  # no caps: no term
 
 
 PROBLEMS = tiny_problems(30, seed=61)
