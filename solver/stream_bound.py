@@ -18,7 +18,8 @@ holding at least ``x`` bytes of ``R``.
 
 * ``A`` first: in the relaxed problem an ``A`` bucket right after an ``R`` bucket can swap ahead of
   it (it has no release past ``h``, and the ``R`` bucket then ends when the ``A`` one did), so all
-  of ``A`` runs first, taking at least ``comm(A)`` (the FIFO term's price of the set).
+  of ``A`` runs first, taking at least ``comm(A)``: per kind, the FIFO term's price of the set,
+  or its least time in buckets within the budget's caps (:func:`_capped_comm`), the larger.
 * ``R`` then runs from ``h + comm(A)`` in buckets over consecutive bytes of the stream order, a
   bucket of ``s`` bytes taking at least ``cost(s)``: one bucket's share of the kind's cost curve
   minorant, and at least the least per-byte memory price of ``R`` (both from
