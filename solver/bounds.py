@@ -257,7 +257,7 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
     for c in problem.collectives:
         by_group.setdefault(c.collective.group, []).append(c)  # type: ignore[union-attr]
     caps = bucket_size_caps(problem, memory_budget_bytes) if memory_budget_bytes is not None else {}
-    prices = _budget_prices(problem, caps) if memory_budget_bytes is not None else {}
+    prices = _budget_prices(problem, caps)  # none without a budget (no caps)
     for g, cols in by_group.items():
         kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
         heads = np.array([weights[anc[c.name]].sum() for c in cols], dtype=np.int64)
