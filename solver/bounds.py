@@ -32,16 +32,19 @@ class ExposedBound:
     limiting: str  # the collective or group that gives the bound
 
 
+def _weights(problem: ScheduleProblem) -> np.ndarray:
+    """Per op (in the problem's order): the compute-stream time it takes (compute and zero ops)."""
+    return np.array([op.runtime_ns if op.kind in (OpKind.COMPUTE, OpKind.ZERO) else 0 for op in problem.ops],
+                    dtype=np.int64)
+
+
 def _bit_sum(bits: int, weights: np.ndarray) -> int:
     return int(weights[bit_mask(bits, len(weights))].sum())
 
 
 def exposed_lower_bound(problem: ScheduleProblem) -> ExposedBound:
     """A lower bound on the exposed time of every valid unbucketed schedule of ``problem``."""
-    weights = np.array(
-        [op.runtime_ns if op.kind in (OpKind.COMPUTE, OpKind.ZERO) else 0 for op in problem.ops],
-        dtype=np.int64,
-    )
+    weights = _weights(problem)
     total = int(weights.sum())
     best_dep, dep_name = 0, ""
     per_group: dict[str, list[tuple[int, int, int]]] = {}
@@ -72,8 +75,7 @@ def forced_exposed(problem: ScheduleProblem) -> int:
     Two such collectives one of which depends on the other cannot share a bucket, so a longest
     dependency chain among them is a count of distinct exposed units in every schedule.
     """
-    weights = np.array([op.runtime_ns if op.kind in (OpKind.COMPUTE, OpKind.ZERO) else 0 for op in problem.ops],
-                       dtype=np.int64)
+    weights = _weights(problem)
     total = int(weights.sum())
     by_key: dict[tuple, list] = {}
     for c in problem.collectives:
@@ -244,8 +246,7 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
     ``g`` the concave minorant (``g(x)/x`` falls as ``x`` grows): :func:`_budget_prices`. Then
     ``comm(S)`` is also at least the sum of its members' bytes at their prices.
     """
-    weights = np.array([op.runtime_ns if op.kind in (OpKind.COMPUTE, OpKind.ZERO) else 0 for op in problem.ops],
-                       dtype=np.int64)
+    weights = _weights(problem)
     total = int(weights.sum())
     best, limiting = total, "compute"
     n = len(weights)
@@ -273,7 +274,7 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
             per_byte[c.name] = max(slope, prices.get(c.name, 0.0))
         lb_of = dict(zip(kinds, lbs))
         stream, what = stream_release_bound(
-            problem, weights, cols, lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
+            problem, weights, cols, int(heads.min()), int(tails.min()), lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
             {k: f.one for k, f in lb_of.items()}, prices, caps)
         if stream > best:
             best, limiting = stream, what

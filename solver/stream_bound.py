@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from ortools.graph.python import max_flow
 
-from .problem import Op, ScheduleProblem, bit_mask
+from .problem import Op, ScheduleProblem
 
 GRID_MIN, GRID_MAX = 512, 4096  # byte cells of the dynamic program (see _grid)
 MU_STEPS = 32  # Lagrange multipliers tried per curve (module doc)
@@ -113,6 +113,14 @@ def _grid(empty_ns: float, all_ns: float) -> int:
     return int(min(GRID_MAX, max(GRID_MIN, np.ceil(4 * all_ns / empty_ns))))
 
 
+def _cells(total: float, cost: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The byte grid over ``total`` bytes (:func:`_grid` cells) and, per number of cells covered,
+    the least cost of a bucket covering them."""
+    ends = cost(np.array([0.0, total]))
+    xs = np.linspace(0.0, total, _grid(float(ends[0]), float(ends[1])) + 1)
+    return xs, cost(xs)
+
+
 def _least_end(start: float, releases: np.ndarray, cell_cost: np.ndarray) -> float:
     """Least end of running every byte after ``start`` in buckets over consecutive bytes, on a
     grid of equal cells: ``f[b]`` bounds the end of any bucket sequence whose last byte lies in
@@ -146,9 +154,7 @@ def _capped_comm(members: Sequence[Op], caps: dict[str, float], cost: Callable[[
     cap_of = np.array([caps.get(c.name, np.inf) for c in order])
     if total <= 0 or not np.isfinite(cap_of).any():
         return 0.0
-    ends = cost(np.array([0.0, total]))
-    xs = np.linspace(0.0, total, _grid(float(ends[0]), float(ends[1])) + 1)
-    cell_cost = cost(xs)
+    xs, cell_cost = _cells(total, cost)
     # per cell: the largest cap among its bytes (that of the member holding its last byte)
     owner = np.minimum(np.searchsorted(np.cumsum(sizes), xs[1:], side="left"), len(order) - 1)
     allowed = np.maximum(cap_of[owner], sizes.max())
@@ -164,12 +170,13 @@ def _capped_comm(members: Sequence[Op], caps: dict[str, float], cost: Callable[[
     return float(t[k]) if np.isfinite(t[k]) else 0.0
 
 
-def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Sequence[Op],
+def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Sequence[Op], head: int, tail: int,
                          comm_of: Callable[[Sequence[Op]], float],
                          bucket_cost: dict[object, Callable[[np.ndarray], np.ndarray]],
                          price_of: dict[str, float], caps: dict[str, float] | None = None) -> tuple[int, str]:
     """The stream term for one group's collectives ``cols`` (module doc): ``(makespan bound, what)``.
 
+    ``head``/``tail``: the least, over them, of the compute one depends on / that depends on one;
     ``comm_of(members)``: the least time to run ``members`` in any buckets (the FIFO term's);
     ``bucket_cost[kind](sizes)``: per size, a lower bound on one bucket of that many bytes of the kind;
     ``price_of[name]``: a per-byte cost every bucket holding that collective pays (0: none);
@@ -178,9 +185,6 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
     """
     kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
     index = problem.index
-    anc_w = {c.name: _masked_sum(problem.ancestors[index[c.name]], weights) for c in cols}
-    desc_w = {c.name: _masked_sum(problem.descendants[index[c.name]], weights) for c in cols}
-    head, tail = min(anc_w.values()), min(desc_w.values())
     best, what = 0, ""
     closures = {rev: _Closure(problem, rev) for rev in (False, True)}
     for kind in kinds:
@@ -197,9 +201,7 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
         def cost(x: np.ndarray, kind=kind, price=price) -> np.ndarray:
             return np.maximum(bucket_cost[kind](x), price * x)
 
-        ends = cost(np.array([0.0, float(total)]))
-        xs = np.linspace(0.0, float(total), _grid(float(ends[0]), float(ends[1])) + 1)
-        cell_cost = cost(xs)  # by the number of cells covered
+        xs, cell_cost = _cells(float(total), cost)
         comm_others = 0.0
         for other in {c.collective.kind for c in others}:  # type: ignore[union-attr]
             sel = [c for c in others if c.collective.kind is other]  # type: ignore[union-attr]
@@ -213,7 +215,3 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
                 what = (f"group {released[0].collective.group}: {kind.value} "  # type: ignore[union-attr]
                         f"{'needed by compute' if reverse else 'released by compute'}")
     return best, what
-
-
-def _masked_sum(bits: int, weights: np.ndarray) -> int:
-    return int(weights[bit_mask(bits, len(weights))].sum())
