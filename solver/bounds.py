@@ -275,7 +275,7 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
         lb_of = dict(zip(kinds, lbs))
         stream, what = stream_release_bound(
             problem, weights, cols, int(heads.min()), int(tails.min()), lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
-            {k: f.one for k, f in lb_of.items()}, prices, caps)
+            {k: f.one for k, f in lb_of.items()}, prices, caps, best)
         if stream > best:
             best, limiting = stream, what
         for t in np.unique(heads):

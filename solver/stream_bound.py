@@ -20,6 +20,12 @@ holding at least ``x`` bytes of ``R``.
   it (it has no release past ``h``, and the ``R`` bucket then ends when the ``A`` one did), so all
   of ``A`` runs first, taking at least ``comm(A)``: per kind, the FIFO term's price of the set,
   or its least time in buckets within the budget's caps (:func:`_capped_comm`), the larger.
+* When ``A`` is one kind that compute needs (gathers before a forward or backward), its buckets
+  also have deadlines: the one whose first byte is ``y`` must end before compute passes what
+  needs none of ``A``'s bytes from ``y`` on, plus the compute stream's stall ``D``. Small early
+  buckets then take longer than ``comm(A)``, or the stall delays every release of ``R`` by ``D``
+  and the makespan is at least the compute plus ``D``: the least over ``D`` is the term
+  (:func:`_stalled_term`).
 * ``R`` then runs from ``h + comm(A)`` in buckets over consecutive bytes of the stream order, a
   bucket of ``s`` bytes taking at least ``cost(s)``: one bucket's share of the kind's cost curve
   minorant, and at least the least per-byte memory price of ``R`` (both from
@@ -46,6 +52,8 @@ from .problem import Op, ScheduleProblem
 GRID_MIN, GRID_MAX = 512, 4096  # byte cells of the dynamic program (see _grid)
 MU_STEPS = 32  # Lagrange multipliers tried per curve (module doc)
 MU_SPREAD = 100.0  # the least multiplier: the graph's compute per byte over this
+STALL_STEPS = 8  # intervals of the compute stall tried when the first-run set is needed (_stalled_term)
+STALL_BISECTIONS = 12  # halvings that find the least stall meeting the first-run set's deadlines
 _CAP_TOTAL = 1 << 60  # every finite capacity of a cut sums below this (int64-safe), _BIG above it
 _BIG = 1 << 62
 
@@ -136,6 +144,80 @@ def _least_end(start: float, releases: np.ndarray, cell_cost: np.ndarray) -> flo
     return float(f[k])
 
 
+def _deadline_end(start: float, deadlines: np.ndarray, cell_cost: np.ndarray) -> float:
+    """Least end of running every byte from ``start`` in buckets over consecutive bytes when the
+    bucket after a last byte in cell ``i`` (state 0: nothing run yet) must end by
+    ``deadlines[i]`` (inf when no order meets them): :func:`_least_end`'s grid, with deadlines
+    in place of releases."""
+    k = len(deadlines) - 1
+    f = np.full(k + 1, np.inf)
+    f[0] = start
+    for b in range(1, k + 1):
+        i = np.arange(b)
+        end = f[i] + cell_cost[np.maximum(0, b - i - 1)]
+        end[end > deadlines[i]] = np.inf
+        f[b] = float(end.min())
+    return float(f[k])
+
+
+def _needs(closure: _Closure, weights: np.ndarray, sizes: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """Per state of the grid ``xs`` over the bytes of ``sizes`` (state 0: nothing run, state ``i``:
+    the last byte run lies in cell ``i``, so the next bucket's first byte is at most
+    ``xs[i + 1]``): at least the most compute that needs none of the bytes from that first byte
+    on, the graph's compute less the least compute holding them (``closure``: the users' side)."""
+    total = float(sizes.sum())
+    first = np.append(np.append(0.0, xs[2:]), total)  # the least first byte's bound per state
+    return float(weights.sum()) - _release_curve(closure, weights, sizes, total - first[:len(xs)])
+
+
+def _stalled_term(weights: np.ndarray, start: float, base: float, last: float, needs: np.ndarray,
+                  a_cost: np.ndarray, releases: np.ndarray, r_cost: np.ndarray, floor: float) -> float:
+    """The stream term when the first-run set ``A`` (one kind) is needed by compute: a makespan
+    bound at least ``least_end(base, releases) + last`` (the term without it; ``base``: the
+    least end of ``A``), or 0 once it is sure not to beat ``floor``.
+
+    Run ``A`` first from ``start`` in buckets; the bucket whose first byte is ``y`` must end before
+    compute passes ``needs`` there (the most compute that needs none of ``A``'s bytes from ``y``
+    on), so with ``D`` the compute stream's stall up to the end of ``A``, it ends by ``needs + D``
+    (the compute clock never runs ahead of the wall clock less its stalls). The released set then
+    runs from ``A``'s end with its releases ``D`` later, and the makespan is at least
+    ``compute + D`` too. The swap that puts ``A`` first keeps one compute clock for every
+    schedule, so it still holds. Over ``D`` on a grid of intervals ``[Da, Db]``, finer near the
+    least stall that meets the deadlines at all (found by bisection when no stall does not):
+    ``A``'s least end falls as ``D`` grows (taken at ``Db``) and the rest grows with ``D`` (taken
+    at ``Da``).
+    """
+    compute = float(weights.sum())
+
+    def a_end(d: float) -> float:
+        return max(base, _deadline_end(start, needs + d, a_cost))
+
+    def at(d: float, end: float) -> float:  # the bound for stalls from d on, A ending at end or later
+        return max(compute + d, _least_end(end, releases + d, r_cost) + last)
+
+    end0 = a_end(0.0)
+    if end0 <= base:  # the deadlines cost A nothing: a stall only delays the releases
+        return at(0.0, end0)
+    lo, hi = 0.0, 0.0  # no stall below lo meets A's deadlines; hi does
+    if not np.isfinite(end0):  # one bucket of all of A from the start meets them after this stall
+        hi = start + float(a_cost[-1])
+        for _ in range(STALL_BISECTIONS):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if np.isfinite(a_end(mid)) else (mid, hi)
+    top = at(hi, a_end(hi))
+    if top <= floor:  # the least over stalls is no higher
+        return 0.0
+    if top <= compute + lo:
+        return top
+    span = top - compute - lo  # past lo + span the compute alone reaches top
+    ds = lo + np.append(0.0, span * np.geomspace(2.0 ** (1 - STALL_STEPS), 1.0, STALL_STEPS))
+    for da, db in zip(ds[:-1], ds[1:]):
+        top = min(top, at(da, a_end(db)))
+        if top <= floor:
+            return 0.0
+    return top
+
+
 def _capped_comm(members: Sequence[Op], caps: dict[str, float], cost: Callable[[np.ndarray], np.ndarray]) -> float:
     """Least time to run ``members`` (one kind) in buckets no larger than the least cap of their
     members (a bucket of one may be as large as its member): a lower bound on their stream time.
@@ -173,7 +255,8 @@ def _capped_comm(members: Sequence[Op], caps: dict[str, float], cost: Callable[[
 def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Sequence[Op], head: int, tail: int,
                          comm_of: Callable[[Sequence[Op]], float],
                          bucket_cost: dict[object, Callable[[np.ndarray], np.ndarray]],
-                         price_of: dict[str, float], caps: dict[str, float] | None = None) -> tuple[int, str]:
+                         price_of: dict[str, float], caps: dict[str, float] | None = None,
+                         floor: int = 0) -> tuple[int, str]:
     """The stream term for one group's collectives ``cols`` (module doc): ``(makespan bound, what)``.
 
     ``head``/``tail``: the least, over them, of the compute one depends on / that depends on one;
@@ -207,9 +290,28 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
             sel = [c for c in others if c.collective.kind is other]  # type: ignore[union-attr]
             capped = _capped_comm(sel, caps, bucket_cost[other]) if caps else 0.0
             comm_others += max(comm_of(sel), capped)
+        other_kinds = {c.collective.kind for c in others}  # type: ignore[union-attr]
+        a_grid = None
+        if len(other_kinds) == 1:
+            (other,) = other_kinds
+            a_sizes = np.zeros(len(problem.ops), dtype=np.int64)
+            for c in others:
+                a_sizes[index[c.name]] = c.collective.size_bytes  # type: ignore[union-attr]
+            a_price = min(price_of.get(c.name, 0.0) for c in others)
+
+            def a_cost(x: np.ndarray, other=other, a_price=a_price) -> np.ndarray:
+                return np.maximum(bucket_cost[other](x), a_price * x)
+
+            if a_sizes.sum() > 0:
+                a_grid = _cells(float(a_sizes.sum()), a_cost)
         for reverse, (first, last) in ((False, (head, tail)), (True, (tail, head))):
             releases = np.maximum(first, _release_curve(closures[reverse], weights, sizes, xs))
-            end = _least_end(first + comm_others, releases, cell_cost) + last
+            if a_grid is not None:  # A (one kind) needed by compute: its deadlines stall the compute stream
+                needs = _needs(closures[not reverse], weights, a_sizes, a_grid[0])
+                end = _stalled_term(weights, first, first + comm_others, last, needs, a_grid[1], releases, cell_cost,
+                                    max(floor, best))
+            else:
+                end = _least_end(first + comm_others, releases, cell_cost) + last
             if int(end) > best:
                 best = int(end)
                 what = (f"group {released[0].collective.group}: {kind.value} "  # type: ignore[union-attr]

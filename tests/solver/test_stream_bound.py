@@ -8,10 +8,12 @@ import random
 
 import numpy as np
 import pytest
+from fxsched.solver import stream_bound
 from fxsched.solver.bounds import makespan_lower_bound
-from fxsched.solver.stream_bound import _capped_comm, _Closure, _least_end, _release_curve
+from fxsched.solver.problem import CommCurve
+from fxsched.solver.stream_bound import _capped_comm, _Closure, _deadline_end, _least_end, _release_curve
 from oracle import brute_force, default_budget
-from solver_builders import RS, coll, compute, curves_for, make_problem, wait
+from solver_builders import AG, RS, coll, compute, curves_for, make_problem, wait
 from tiny_instances import latency_dominated, tiny_problems
 
 LATENCY_CURVE = ((0, 5_000), (1_000, 5_100))  # 5000 ns + 0.1 ns per byte: bucketing pays
@@ -97,3 +99,96 @@ def test_stream_bound_never_exceeds_the_optimum(idx: int) -> None:
 def test_stream_bound_binds_somewhere() -> None:
     """Not vacuous: on many of these problems the stream term is the one that binds."""
     assert sum("by compute" in makespan_lower_bound(p).limiting for p in PROBLEMS) >= 10
+
+
+def gather_then_reductions(n_reductions: int = 3):
+    """g (a gather of 1500 B: 5150 ns) -> x (1000 ns) -> y (1000 ns) -> reduce-scatters r1..rn of
+    1500 B each, on the 5000 ns + 0.1 ns/B curve: compute needs g first, and y releases the rest."""
+    ops = [coll("g", "A", AG, runtime_ns=5_150, bytes_in=500, bytes_out=1_000), wait("wg", "g"),
+           compute("x", 1_000, deps=["wg"], heavy=True), compute("y", 1_000, deps=["x"], heavy=True)]
+    for i in range(1, n_reductions + 1):
+        ops += [coll(f"r{i}", "A", RS, runtime_ns=5_150, bytes_in=1_000, bytes_out=500, deps=["y"]),
+                wait(f"w{i}", f"r{i}")]
+    return dataclasses.replace(make_problem(ops, groups=("A",)), comm_curves=curves_for(("A",), LATENCY_CURVE))
+
+
+def _without_stall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream term as it was before the gathers' deadlines: the first-run set ends at its
+    least time and stalls nothing."""
+    monkeypatch.setattr(stream_bound, "_stalled_term",
+                        lambda weights, start, base, last, needs, a_cost, releases, r_cost, floor:
+                        _least_end(base, releases, r_cost) + last)
+
+
+def test_a_gather_compute_needs_first_stalls_the_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """x and y both need g, so compute stalls until g ends (5150) and y releases the reductions at
+    7150 at the earliest; one bucket of all three (4500 B: 5450 ns) then ends at 12,600, less a grid
+    cell or two and the bisection's last step (under 10 ns). Without the stall the stream term runs
+    g first and the reductions from 2000; the best other term is the chain g -> x -> y -> r1:
+    5150 + 2000 + 5150 = 12,300."""
+    p = gather_then_reductions()
+    b = makespan_lower_bound(p)
+    assert 12_590 <= b.makespan_ns <= 12_600
+    assert "reduce_scatter released by compute" in b.limiting
+    assert brute_force(p, budget_bytes=NO_BUDGET).best_makespan_ns >= 12_600
+    _without_stall(monkeypatch)
+    assert makespan_lower_bound(p).makespan_ns == 12_300
+
+
+def test_deadline_end_by_hand() -> None:
+    """Three cells, bucket cost 10 ns + 1 ns per covered cell, from 0. The bucket after state 0
+    must end by 11, after state 1 by 30, after state 2 by 15. One bucket to the end (covers two
+    cells: 12) misses the first deadline; 0 -> 1 (10) then 1 -> 3 (covers one cell: 11) ends at
+    21; 0 -> 2 (11) then 2 -> 3 would end at 21 too but misses the third deadline. So 21, and
+    with the first deadline at 9 no bucket can start."""
+    cell_cost = np.array([10.0, 11.0, 12.0, 13.0])
+    assert _deadline_end(0.0, np.array([11.0, 30.0, 15.0, np.inf]), cell_cost) == 21.0
+    assert _deadline_end(0.0, np.array([9.0, 30.0, 15.0, np.inf]), cell_cost) == np.inf
+
+
+def gather_then_release(rng: random.Random):
+    """A chain of 3-6 heavy ops on one group; one or two gathers needed by ops in its first half,
+    the other reduce-scatters (four collectives in all) released by ops in its second half; random
+    sizes and a random latency curve (no memory)."""
+    k = rng.randint(3, 6)
+    n_ag = rng.randint(1, 2)
+    needs = sorted(rng.randint(0, k // 2) for _ in range(n_ag))
+    rels = sorted(rng.randint(k // 2, k - 1) for _ in range(4 - n_ag))
+    lat, slope = rng.choice([1_000, 3_000, 5_000]), rng.choice([0.1, 0.5, 1.0])
+
+    def rt(size: int) -> int:
+        return lat + int(np.ceil(slope * size))
+
+    ops = []
+    for j in range(n_ag):
+        b = rng.choice([200, 500, 1_000, 2_000])
+        ops += [coll(f"g{j}", "A", AG, runtime_ns=rt(b + b // 2), bytes_in=b // 2, bytes_out=b), wait(f"wg{j}", f"g{j}")]
+    for i in range(k):
+        deps = [f"x{i - 1}"] * (i > 0) + [f"wg{j}" for j, at in enumerate(needs) if at == i]
+        ops.append(compute(f"x{i}", rng.choice([300, 1_000, 2_000, 4_000]), deps=deps, heavy=True))
+        for j, at in enumerate(rels):
+            if at == i:
+                b = rng.choice([200, 500, 1_000, 2_000])
+                ops += [coll(f"r{j}", "A", RS, runtime_ns=rt(b + b // 2), bytes_in=b, bytes_out=b // 2, deps=[f"x{i}"]),
+                        wait(f"wr{j}", f"r{j}")]
+    points = ((0, lat), (10_000, lat + int(slope * 10_000)))
+    return dataclasses.replace(make_problem(ops, groups=("A",)),
+                               comm_curves=tuple(CommCurve("A", kind, points) for kind in (AG, RS)))
+
+
+STALLED = [gather_then_release(random.Random(i)) for i in range(30)]
+
+
+@pytest.mark.parametrize("idx", range(len(STALLED)))
+def test_stalled_stream_bound_never_exceeds_the_optimum(idx: int) -> None:
+    p = STALLED[idx]
+    assert makespan_lower_bound(p).makespan_ns <= brute_force(p, budget_bytes=NO_BUDGET).best_makespan_ns
+
+
+def test_stall_binds_somewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not vacuous: on many of these problems the gathers' deadlines raise the bound."""
+    with_stall = [makespan_lower_bound(p).makespan_ns for p in STALLED]
+    _without_stall(monkeypatch)
+    without = [makespan_lower_bound(p).makespan_ns for p in STALLED]
+    assert all(a >= b for a, b in zip(with_stall, without))
+    assert sum(a > b for a, b in zip(with_stall, without)) >= 8
