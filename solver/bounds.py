@@ -273,11 +273,6 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
             rt_min[c.name] = int(np.floor(lb_fn(1, float(sz))))
             per_byte[c.name] = max(slope, prices.get(c.name, 0.0))
         lb_of = dict(zip(kinds, lbs))
-        stream, what = stream_release_bound(
-            problem, weights, cols, int(heads.min()), int(tails.min()), lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
-            {k: f.one for k, f in lb_of.items()}, prices, caps, best)
-        if stream > best:
-            best, limiting = stream, what
         for t in np.unique(heads):
             in_t = heads >= t
             for u in np.unique(tails[in_t]):
@@ -291,6 +286,12 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
                 lb = int(heads[s].min()) + int(tails[s].min()) + int(np.floor(comm))
                 if lb > best:
                     best, limiting = lb, f"group {g}: {int(s.sum())} collectives after {int(heads[s].min())} ns"
+        # after the FIFO terms: the stream term's costlier parts give up below the best so far
+        stream, what = stream_release_bound(
+            problem, weights, cols, int(heads.min()), int(tails.min()), lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
+            {k: f.one for k, f in lb_of.items()}, prices, caps, best)
+        if stream > best:
+            best, limiting = stream, what
     chain, last = _chain_bound(problem, weights, anc, desc, rt_min)
     if chain > best:
         best, limiting = chain, f"chain of collectives ending at {last}"

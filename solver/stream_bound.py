@@ -129,18 +129,25 @@ def _cells(total: float, cost: Callable[[np.ndarray], np.ndarray]) -> tuple[np.n
     return xs, cost(xs)
 
 
+def _least_cover_cost(cell_cost: np.ndarray) -> np.ndarray:
+    """Per number of cells: the least cost of a bucket covering at least that many (the cell
+    costs made non-decreasing from above, so each stays a lower bound)."""
+    return np.minimum.accumulate(cell_cost[::-1])[::-1]
+
+
 def _least_end(start: float, releases: np.ndarray, cell_cost: np.ndarray) -> float:
     """Least end of running every byte after ``start`` in buckets over consecutive bytes, on a
     grid of equal cells: ``f[b]`` bounds the end of any bucket sequence whose last byte lies in
     cell ``b`` (``[x_b, x_{b+1})``; ``b = K`` is the last byte). A bucket from cell ``i`` to cell
     ``b`` starts after ``releases[b]`` (releases grow with bytes) and covers at least the
-    ``b - i - 1`` cells strictly between, so it takes at least ``cell_cost[max(0, b - i - 1)]``."""
+    ``b - i - 1`` cells strictly between, so it takes at least ``cell_cost[max(0, b - i - 1)]``.
+    Each state relaxes every later one at once (one vector operation per state)."""
     k = len(releases) - 1
+    cost = _least_cover_cost(cell_cost)
     f = np.full(k + 1, np.inf)
     f[0] = start
-    for b in range(1, k + 1):
-        i = np.arange(b)
-        f[b] = float(np.min(np.maximum(f[i], releases[b]) + cell_cost[np.maximum(0, b - i - 1)]))
+    for i in range(k):
+        np.minimum(f[i + 1:], np.maximum(f[i], releases[i + 1:]) + cost[:k - i], out=f[i + 1:])
     return float(f[k])
 
 
@@ -148,15 +155,21 @@ def _deadline_end(start: float, deadlines: np.ndarray, cell_cost: np.ndarray) ->
     """Least end of running every byte from ``start`` in buckets over consecutive bytes when the
     bucket after a last byte in cell ``i`` (state 0: nothing run yet) must end by
     ``deadlines[i]`` (inf when no order meets them): :func:`_least_end`'s grid, with deadlines
-    in place of releases."""
+    in place of releases. From a state, the buckets that meet its deadline cover a prefix of
+    the cell counts (their cost does not fall as they grow)."""
     k = len(deadlines) - 1
+    cost = _least_cover_cost(cell_cost)
     f = np.full(k + 1, np.inf)
     f[0] = start
-    for b in range(1, k + 1):
-        i = np.arange(b)
-        end = f[i] + cell_cost[np.maximum(0, b - i - 1)]
-        end[end > deadlines[i]] = np.inf
-        f[b] = float(end.min())
+    reach = 0  # the farthest state any state so far reaches
+    for i in range(k):
+        if i > reach:  # nothing reaches this state or any later one
+            return float("inf")
+        if not np.isfinite(f[i]):
+            continue
+        hi = min(k, i + int(np.searchsorted(cost, deadlines[i] - f[i], side="right")))
+        reach = max(reach, hi)
+        np.minimum(f[i + 1:hi + 1], f[i] + cost[:hi - i], out=f[i + 1:hi + 1])
     return float(f[k])
 
 
@@ -201,11 +214,13 @@ def _stalled_term(weights: np.ndarray, start: float, base: float, last: float, n
     lo, hi = 0.0, 0.0  # no stall below lo meets A's deadlines; hi does
     if not np.isfinite(end0):  # one bucket of all of A from the start meets them after this stall
         hi = start + float(a_cost[-1])
+        if at(hi, a_end(hi)) <= floor:  # the least over stalls is no higher
+            return 0.0
         for _ in range(STALL_BISECTIONS):
             mid = 0.5 * (lo + hi)
             lo, hi = (lo, mid) if np.isfinite(a_end(mid)) else (mid, hi)
     top = at(hi, a_end(hi))
-    if top <= floor:  # the least over stalls is no higher
+    if top <= floor:
         return 0.0
     if top <= compute + lo:
         return top
@@ -241,14 +256,14 @@ def _capped_comm(members: Sequence[Op], caps: dict[str, float], cost: Callable[[
     owner = np.minimum(np.searchsorted(np.cumsum(sizes), xs[1:], side="left"), len(order) - 1)
     allowed = np.maximum(cap_of[owner], sizes.max())
     k = len(xs) - 1
+    cost = _least_cover_cost(cell_cost)
+    most = np.minimum(k, np.floor(allowed / (total / k)))  # per first cell: the most cells a bucket may cover
     t = np.full(k + 1, np.inf)
     t[0] = 0.0
-    for b in range(1, k + 1):
-        i = np.arange(b)
-        covered = np.maximum(0, b - i - 1)
-        ok = covered * (total / k) <= allowed[i]
-        if ok.any():
-            t[b] = float(np.min(t[i][ok] + cell_cost[covered[ok]]))
+    for i in range(k):
+        if np.isfinite(t[i]):
+            hi = min(k, i + 1 + int(most[i]))
+            np.minimum(t[i + 1:hi + 1], t[i] + cost[:hi - i], out=t[i + 1:hi + 1])
     return float(t[k]) if np.isfinite(t[k]) else 0.0
 
 
@@ -270,6 +285,7 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
     index = problem.index
     best, what = 0, ""
     closures = {rev: _Closure(problem, rev) for rev in (False, True)}
+    stalls: list[tuple[float, str, tuple]] = []
     for kind in kinds:
         released = [c for c in cols if c.collective.kind is kind]  # type: ignore[union-attr]
         others = [c for c in cols if c.collective.kind is not kind]  # type: ignore[union-attr]
@@ -306,14 +322,19 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
                 a_grid = _cells(float(a_sizes.sum()), a_cost)
         for reverse, (first, last) in ((False, (head, tail)), (True, (tail, head))):
             releases = np.maximum(first, _release_curve(closures[reverse], weights, sizes, xs))
-            if a_grid is not None:  # A (one kind) needed by compute: its deadlines stall the compute stream
-                needs = _needs(closures[not reverse], weights, a_sizes, a_grid[0])
-                end = _stalled_term(weights, first, first + comm_others, last, needs, a_grid[1], releases, cell_cost,
-                                    max(floor, best))
-            else:
-                end = _least_end(first + comm_others, releases, cell_cost) + last
+            end = _least_end(first + comm_others, releases, cell_cost) + last
+            label = (f"group {released[0].collective.group}: {kind.value} "  # type: ignore[union-attr]
+                     f"{'needed by compute' if reverse else 'released by compute'}")
             if int(end) > best:
-                best = int(end)
-                what = (f"group {released[0].collective.group}: {kind.value} "  # type: ignore[union-attr]
-                        f"{'needed by compute' if reverse else 'released by compute'}")
+                best, what = int(end), label
+            if a_grid is not None:  # A (one kind) needed by compute: its deadlines stall the compute stream
+                stalls.append((end, label, (first, first + comm_others, last, closures[not reverse], a_sizes,
+                                            a_grid, releases, cell_cost)))
+    # the stalled terms last, most promising first: each gives up once it cannot beat the best so far
+    for _, label, (first, base, last, closure, a_sizes, a_grid, releases, cell_cost) in sorted(
+            stalls, key=lambda s: -s[0]):
+        needs = _needs(closure, weights, a_sizes, a_grid[0])
+        end = _stalled_term(weights, first, base, last, needs, a_grid[1], releases, cell_cost, max(floor, best))
+        if int(end) > best:
+            best, what = int(end), label
     return best, what
