@@ -41,7 +41,7 @@ from .layers import LayerStructure
 from .problem import ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
-from .warm_start import MOVE_MIN_GAIN_NS, POLISH_TRIES, far_seeds, pull_evals
+from .warm_start import MOVE_MIN_GAIN_NS, POLISH_TRIES, far_seeds, pull_evals, size_scale
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,14 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     paid = {True: [0.0 if free_first else MIN_ROUND_S, 0], False: [MIN_ROUND_S if free_first else 0.0, 0]}
     fixed_done = False
     built: dict[int, float] = {}  # free window size -> longest model build seen (s)
-    # free mode: first, and after each gain of a window, cheap rounds of one move each (_move_round)
-    # while they find one: a move takes a fraction of a second where a window takes seconds, and on
-    # a wall clock the warm start's passes stop at its deadline with moves left (on the tp backward,
-    # five moves gained 164 us after a window's 2 us; without them, eight windows gained nothing)
-    moves_on = free_windows
+    # free mode: after each gain of a window, and first on graphs of up to DEFER_REF_OPS ops, cheap
+    # rounds of one move each (_move_round) while they find one: a move takes a fraction of a second
+    # where a window takes seconds, and on a wall clock the warm start's passes stop at its deadline
+    # with moves left (on the tp backward, five moves gained 164 us after a window's 2 us; without
+    # them, eight windows gained nothing). Larger graphs start with windows: there a sweep
+    # simulates the whole graph per try, and on 80 layers the first one took the 9 s left of a 30 s
+    # solve
+    moves_on = free_windows and size_scale(problem) >= 1.0
     for rnd in itertools.count():
         if rnd >= rounds:
             break

@@ -196,7 +196,7 @@ def _stalled_term(weights: np.ndarray, start: float, base: float, last: float, n
     runs from ``A``'s end with its releases ``D`` later, and the makespan is at least
     ``compute + D`` too. The swap that puts ``A`` first keeps one compute clock for every
     schedule, so it still holds. Over ``D`` on a grid of intervals ``[Da, Db]``, finer near the
-    least stall that meets the deadlines at all (found by bisection when no stall does not):
+    least stall that meets the deadlines at all (found by bisection when a stall is needed):
     ``A``'s least end falls as ``D`` grows (taken at ``Db``) and the rest grows with ``D`` (taken
     at ``Da``).
     """
