@@ -267,6 +267,17 @@ def _capped_comm(members: Sequence[Op], caps: dict[str, float], cost: Callable[[
     return float(t[k]) if np.isfinite(t[k]) else 0.0
 
 
+def _byte_grid(problem: ScheduleProblem, members: Sequence[Op], bucket_cost: Callable[[np.ndarray], np.ndarray],
+               price_of: dict[str, float]) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """``members``' bytes per op of ``problem``, and :func:`_cells` over them with a bucket costing
+    at least ``bucket_cost`` and the least per-byte price among them."""
+    sizes = np.zeros(len(problem.ops), dtype=np.int64)
+    for c in members:
+        sizes[problem.index[c.name]] = c.collective.size_bytes  # type: ignore[union-attr]
+    price = min((price_of.get(c.name, 0.0) for c in members), default=0.0)
+    return sizes, _cells(float(sizes.sum()), lambda x: np.maximum(bucket_cost(x), price * x))
+
+
 def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Sequence[Op], head: int, tail: int,
                          comm_of: Callable[[Sequence[Op]], float],
                          bucket_cost: dict[object, Callable[[np.ndarray], np.ndarray]],
@@ -282,44 +293,27 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
     the first-run set's time also honours (:func:`_capped_comm`).
     """
     kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
-    index = problem.index
     best, what = 0, ""
     closures = {rev: _Closure(problem, rev) for rev in (False, True)}
     stalls: list[tuple[float, str, tuple]] = []
     for kind in kinds:
         released = [c for c in cols if c.collective.kind is kind]  # type: ignore[union-attr]
         others = [c for c in cols if c.collective.kind is not kind]  # type: ignore[union-attr]
-        sizes = np.zeros(len(problem.ops), dtype=np.int64)
-        for c in released:
-            sizes[index[c.name]] = c.collective.size_bytes  # type: ignore[union-attr]
-        total = int(sizes.sum())
-        if len(released) < 2 or total == 0:
+        sizes, (xs, cell_cost) = _byte_grid(problem, released, bucket_cost[kind], price_of)
+        if len(released) < 2 or sizes.sum() == 0:
             continue
-        price = min(price_of.get(c.name, 0.0) for c in released)
-
-        def cost(x: np.ndarray, kind=kind, price=price) -> np.ndarray:
-            return np.maximum(bucket_cost[kind](x), price * x)
-
-        xs, cell_cost = _cells(float(total), cost)
         comm_others = 0.0
-        for other in {c.collective.kind for c in others}:  # type: ignore[union-attr]
+        other_kinds = {c.collective.kind for c in others}  # type: ignore[union-attr]
+        for other in other_kinds:
             sel = [c for c in others if c.collective.kind is other]  # type: ignore[union-attr]
             capped = _capped_comm(sel, caps, bucket_cost[other]) if caps else 0.0
             comm_others += max(comm_of(sel), capped)
-        other_kinds = {c.collective.kind for c in others}  # type: ignore[union-attr]
         a_grid = None
         if len(other_kinds) == 1:
             (other,) = other_kinds
-            a_sizes = np.zeros(len(problem.ops), dtype=np.int64)
-            for c in others:
-                a_sizes[index[c.name]] = c.collective.size_bytes  # type: ignore[union-attr]
-            a_price = min(price_of.get(c.name, 0.0) for c in others)
-
-            def a_cost(x: np.ndarray, other=other, a_price=a_price) -> np.ndarray:
-                return np.maximum(bucket_cost[other](x), a_price * x)
-
-            if a_sizes.sum() > 0:
-                a_grid = _cells(float(a_sizes.sum()), a_cost)
+            a_sizes, a_grid = _byte_grid(problem, others, bucket_cost[other], price_of)
+            if a_sizes.sum() == 0:
+                a_grid = None
         for reverse, (first, last) in ((False, (head, tail)), (True, (tail, head))):
             releases = np.maximum(first, _release_curve(closures[reverse], weights, sizes, xs))
             end = _least_end(first + comm_others, releases, cell_cost) + last
