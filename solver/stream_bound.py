@@ -290,7 +290,8 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
     ``bucket_cost[kind](sizes)``: per size, a lower bound on one bucket of that many bytes of the kind;
     ``price_of[name]``: a per-byte cost every bucket holding that collective pays (0: none);
     ``caps[name]``: the largest bucket of two or more that may hold it (none: no limit), which
-    the first-run set's time also honours (:func:`_capped_comm`).
+    the first-run set's time also honours (:func:`_capped_comm`); ``floor``: the best bound so
+    far, below which the stalled parts (:func:`_stalled_term`) give up early.
     """
     kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
     best, what = 0, ""
