@@ -180,14 +180,15 @@ def _needs(closure: _Closure, weights: np.ndarray, sizes: np.ndarray, xs: np.nda
     on, the graph's compute less the least compute holding them (``closure``: the users' side)."""
     total = float(sizes.sum())
     first = np.append(np.append(0.0, xs[2:]), total)  # the least first byte's bound per state
-    return float(weights.sum()) - _release_curve(closure, weights, sizes, total - first[:len(xs)])
+    return float(weights.sum()) - _release_curve(closure, weights, sizes, total - first)
 
 
 def _stalled_term(weights: np.ndarray, start: float, base: float, last: float, needs: np.ndarray,
                   a_cost: np.ndarray, releases: np.ndarray, r_cost: np.ndarray, floor: float) -> float:
     """The stream term when the first-run set ``A`` (one kind) is needed by compute: a makespan
-    bound at least ``least_end(base, releases) + last`` (the term without it; ``base``: the
-    least end of ``A``), or 0 once it is sure not to beat ``floor``.
+    bound at least ``least_end(base, releases) + last`` (the term without it, which the caller
+    has; ``base``: the least end of ``A``), or 0 when it adds nothing to that or is sure not to
+    beat ``floor``.
 
     Run ``A`` first from ``start`` in buckets; the bucket whose first byte is ``y`` must end before
     compute passes ``needs`` there (the most compute that needs none of ``A``'s bytes from ``y``
@@ -209,8 +210,8 @@ def _stalled_term(weights: np.ndarray, start: float, base: float, last: float, n
         return max(compute + d, _least_end(end, releases + d, r_cost) + last)
 
     end0 = a_end(0.0)
-    if end0 <= base:  # the deadlines cost A nothing: a stall only delays the releases
-        return at(0.0, end0)
+    if end0 <= base:  # the deadlines cost A nothing: a stall only delays the releases, and with
+        return 0.0  # none the term is the caller's
     lo, hi = 0.0, 0.0  # no stall below lo meets A's deadlines; hi does
     if not np.isfinite(end0):  # one bucket of all of A from the start meets them after this stall
         hi = start + float(a_cost[-1])
