@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
+from ..heuristics.bucket_shift import shift_bucket_members
 from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.far_defer import defer_far_fillers
 from ..heuristics.single_pull import pull_single_fillers
@@ -41,7 +42,7 @@ from .layers import LayerStructure
 from .problem import ScheduleProblem
 from .schedule import Schedule, placements
 from .simulator import SimResult, simulate
-from .warm_start import MOVE_MIN_GAIN_NS, POLISH_TRIES, far_seeds, pull_evals, size_scale
+from .warm_start import MOVE_MIN_GAIN_NS, POLISH_TRIES, far_seeds, pull_evals, shift_evals, size_scale
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             break
         rates = (paid_rate(paid[True]), paid_rate(paid[False]))
         if moves_on:
-            moved = _move_round(problem, budget, best, deadline)
+            moved = _move_round(problem, config, budget, best, deadline)
             if moved is None:
                 moves_on = False  # no move left until a window changes the incumbent
                 rounds += 1  # a sweep that finds nothing is not a round
@@ -291,11 +292,13 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     return sched, res, work
 
 
-def _move_round(problem: ScheduleProblem, budget: int, best: Schedule, deadline: float | None) -> Schedule | None:
+def _move_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule,
+                deadline: float | None) -> Schedule | None:
     """One cheap move from the incumbent (None when it found none): a far filler deferral, else a
-    single pull into a stall (heuristics/single_pull.py), each gaining more than MOVE_MIN_GAIN_NS;
-    on a wall clock within MOVE_ROUND_S (a sweep that finds nothing tries every exposed queue's
-    fillers)."""
+    single pull into a stall (heuristics/single_pull.py), else (when the model may bucket) a
+    collective shifted between neighbouring buckets (heuristics/bucket_shift.py), each gaining more
+    than MOVE_MIN_GAIN_NS; on a wall clock within MOVE_ROUND_S (a sweep that finds nothing tries
+    every exposed queue's fillers)."""
     if deadline is not None:
         deadline = min(deadline, time.perf_counter() + MOVE_ROUND_S)
     new = defer_far_fillers(problem, best, budget_bytes=budget, max_moves=1, max_seeds=far_seeds(problem),
@@ -303,6 +306,9 @@ def _move_round(problem: ScheduleProblem, budget: int, best: Schedule, deadline:
     if new is best:
         new = pull_single_fillers(problem, best, budget_bytes=budget, max_moves=1, deadline=deadline,
                                   min_gain_ns=MOVE_MIN_GAIN_NS, max_evals=pull_evals(problem))
+    if new is best and config.bucketing and not config.plan:
+        new = shift_bucket_members(problem, best, budget_bytes=budget, max_moves=1, max_evals=shift_evals(problem),
+                                   cap_bytes=config.bucket_cap_bytes, deadline=deadline, min_gain_ns=MOVE_MIN_GAIN_NS)
     return None if new is best else new
 
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..heuristics.bucket_shift import shift_bucket_members
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.critical_path import critical_path_schedule
@@ -43,6 +44,7 @@ DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so
 CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
 FAR_SEEDS = 256  # fillers tried per queue head by the far deferral (fewer past DEFER_REF_OPS ops)
 PULL_EVALS = 2000  # candidates a single-pull pass tries in all (fewer past DEFER_REF_OPS ops)
+SHIFT_EVALS = 1000  # candidates a bucket-shift pass tries in all (fewer past DEFER_REF_OPS ops)
 POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step here, and each search gain
 # far deferrals and single pulls must gain more than this: on the tp_2x4 backward, moves of a
 # second each went on gaining 2 ns apiece (rounding) for 8 s
@@ -67,6 +69,11 @@ def pull_evals(problem: ScheduleProblem) -> int:
     return max(64, int(PULL_EVALS * size_scale(problem)))
 
 
+def shift_evals(problem: ScheduleProblem) -> int:
+    """Candidates a bucket-shift pass tries in all: SHIFT_EVALS, scaled by :func:`size_scale`."""
+    return max(64, int(SHIFT_EVALS * size_scale(problem)))
+
+
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16,
                critical_builds: int | None = None) -> tuple[str, Schedule]:
@@ -75,7 +82,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     with buckets capped by memory headroom too (``HEADROOM_TRIES``); no bucketed try when the
     unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute, since buckets
     can save no more than the exposed time;
-    then stalled waits sunk. In free mode, then: stalls filled with ready compute, independent
+    then stalled waits sunk and bucket boundaries shifted (:func:`..heuristics.bucket_shift.shift_bucket_members`,
+    when the model may bucket and the schedule exposes more than ``BUCKETING_MIN_EXPOSED``). In free mode, then: stalls filled with ready compute, independent
     compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
     held back for the next stalls (:func:`..heuristics.pipeline.pipeline_fillers`), the order rebuilt
     longest path first (:func:`..heuristics.critical_path.critical_path_schedule`, at most
@@ -83,7 +91,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     deferred past the heads of exposed queues (:func:`..heuristics.far_defer.defer_far_fillers`),
     stalls filled and waits sunk, and single ops pulled into stalls one at a time
     (:func:`..heuristics.single_pull.pull_single_fillers`).
-    Last, compute pulled into small stalls and runs of stalled waits concentrated
+    Then bucket boundaries shifted again, and last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
     The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too);
     with a ``deadline``, the first gets half the time left (at most ``FIRST_DEFER_MAX_S``) and the
@@ -152,15 +160,25 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         return critical_path_schedule(problem, s, budget_bytes=budget_bytes, deadline=deadline,
                                       max_builds=critical_builds)
 
+    def shift(s: Schedule) -> Schedule:
+        if not config.bucketing or config.plan:  # module plans fix the buckets
+            return s
+        r = simulate(problem, s)
+        if r.exposed_ns <= BUCKETING_MIN_EXPOSED * r.compute_ns:  # little left for buckets to save
+            return s
+        return shift_bucket_members(problem, s, budget_bytes=budget_bytes, max_evals=shift_evals(problem),
+                                    cap_bytes=config.bucket_cap_bytes, deadline=deadline, min_gain_ns=MOVE_MIN_GAIN_NS)
+
     def polish(s: Schedule) -> Schedule:
         return concentrate_stalls(problem, s, max_tries=POLISH_TRIES, deadline=deadline,
                                   keep_heavy_order=config.mode == "fixed")
 
-    steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink)]
+    steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink), ("shift", shift)]
     if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
         steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
                   ("pipeline", pipeline), ("critical", critical), ("defer", defer_half_left), ("far", far),
                   ("fill", fill), ("sink", sink), ("pull", pull)]
+    steps.append(("shift", shift))
     if config.polish:
         steps.append(("polish", polish))
     for step, fn in steps:
