@@ -29,9 +29,12 @@ holding at least ``x`` bytes of ``R``.
 * ``R`` then runs from ``h + comm(A)`` in buckets over consecutive bytes of the stream order, a
   bucket of ``s`` bytes taking at least ``cost(s)``: one bucket's share of the kind's cost curve
   minorant, and at least the least per-byte memory price of ``R`` (both from
-  :mod:`.bounds`). A dynamic program over a byte grid gives the least end time (grid rounding
-  only shrinks buckets and lowers releases: still a bound), and the makespan is at least that
-  plus ``t``.
+  :mod:`.bounds`). A bucket of more bytes than the kind's largest collective holds two or more,
+  so it first copies its inputs in on the compute stream, after the compute that releases it:
+  it starts at least that copy after its release (:func:`_copy_lead`; in the time-reversed
+  bound, the copy-out of a kind that copies out). A dynamic program over a byte grid gives the
+  least end time (grid rounding only shrinks buckets and lowers releases: still a bound), and
+  the makespan is at least that plus ``t``.
 
 ``V`` is bounded below by Lagrangian duality: for any ``mu >= 0``,
 ``V(x) >= min over closed D of (compute(D) - mu * bytes_R(D)) + mu * x``, one minimum cut per
@@ -135,20 +138,44 @@ def _least_cover_cost(cell_cost: np.ndarray) -> np.ndarray:
     return np.minimum.accumulate(cell_cost[::-1])[::-1]
 
 
-def _least_end(start: float, releases: np.ndarray, cell_cost: np.ndarray) -> float:
+def _least_end(start: float, releases: np.ndarray, cell_cost: np.ndarray, lead: np.ndarray | None = None) -> float:
     """Least end of running every byte after ``start`` in buckets over consecutive bytes, on a
     grid of equal cells: ``f[b]`` bounds the end of any bucket sequence whose last byte lies in
     cell ``b`` (``[x_b, x_{b+1})``; ``b = K`` is the last byte). A bucket from cell ``i`` to cell
-    ``b`` starts after ``releases[b]`` (releases grow with bytes) and covers at least the
-    ``b - i - 1`` cells strictly between, so it takes at least ``cell_cost[max(0, b - i - 1)]``.
-    Each state relaxes every later one at once (one vector operation per state)."""
+    ``b`` starts after ``releases[b]`` (releases grow with bytes) plus ``lead[c]`` (None: 0), and
+    covers at least the ``c = b - i - 1`` cells strictly between, so it takes at least
+    ``cell_cost[max(0, c)]``. Each state relaxes every later one at once (one vector operation
+    per state)."""
     k = len(releases) - 1
     cost = _least_cover_cost(cell_cost)
+    ready = np.zeros(k) if lead is None else lead
     f = np.full(k + 1, np.inf)
     f[0] = start
     for i in range(k):
-        np.minimum(f[i + 1:], np.maximum(f[i], releases[i + 1:]) + cost[:k - i], out=f[i + 1:])
+        np.minimum(f[i + 1:], np.maximum(f[i], releases[i + 1:] + ready[:k - i]) + cost[:k - i], out=f[i + 1:])
     return float(f[k])
+
+
+def _copy_lead(problem: ScheduleProblem, members: Sequence[Op], xs: np.ndarray, copy_out: bool) -> np.ndarray:
+    """Per number ``c`` of whole cells of the grid ``xs`` a bucket of ``members`` (one kind) covers:
+    the least compute-stream copy between its release and its start (:func:`_least_end`'s
+    ``lead``). A bucket holding more bytes than the largest member has two or more members, so
+    it copies its inputs in at its issue, after the compute that releases them (DESIGN.md); in
+    the time-reversed problem (``copy_out``: needed by compute) it copies its outputs out at its
+    wait, before the compute that needs them, where the kind copies out (else 0). The copy moves
+    at least the least in (out) share of the bucket's bytes over its members."""
+    k = len(xs) - 1
+    out = np.zeros(k)
+    infos = [c.collective for c in members]
+    sizes = [i.size_bytes for i in infos]  # type: ignore[union-attr]
+    if k == 0 or not infos or (copy_out and not infos[0].kind.bucket_copies_out) or max(sizes) <= 0:  # type: ignore[union-attr]
+        return out
+    share = min((i.bytes_out if copy_out else i.bytes_in) / s for i, s in zip(infos, sizes) if s > 0)  # type: ignore[union-attr]
+    covered = np.arange(k) * (xs[-1] / k)  # the least bytes of a bucket covering c whole cells
+    multi = covered > max(sizes)
+    costs = problem.bucket_costs
+    out[multi] = [costs.copy_ns(int(b)) for b in np.floor(covered[multi] * share)]
+    return out
 
 
 def _deadline_end(start: float, deadlines: np.ndarray, cell_cost: np.ndarray) -> float:
@@ -184,9 +211,10 @@ def _needs(closure: _Closure, weights: np.ndarray, sizes: np.ndarray, xs: np.nda
 
 
 def _stalled_term(weights: np.ndarray, start: float, base: float, last: float, needs: np.ndarray,
-                  a_cost: np.ndarray, releases: np.ndarray, r_cost: np.ndarray, floor: float) -> float:
+                  a_cost: np.ndarray, releases: np.ndarray, r_cost: np.ndarray, floor: float,
+                  r_lead: np.ndarray | None = None) -> float:
     """The stream term when the first-run set ``A`` (one kind) is needed by compute: a makespan
-    bound at least ``least_end(base, releases) + last`` (the term without it, which the caller
+    bound at least ``least_end(base, releases, r_cost, r_lead) + last`` (the term without it, which the caller
     has; ``base``: the least end of ``A``), or 0 when it adds nothing to that or is sure not to
     beat ``floor``.
 
@@ -207,7 +235,7 @@ def _stalled_term(weights: np.ndarray, start: float, base: float, last: float, n
         return max(base, _deadline_end(start, needs + d, a_cost))
 
     def at(d: float, end: float) -> float:  # the bound for stalls from d on, A ending at end or later
-        return max(compute + d, _least_end(end, releases + d, r_cost) + last)
+        return max(compute + d, _least_end(end, releases + d, r_cost, r_lead) + last)
 
     end0 = a_end(0.0)
     if end0 <= base:  # the deadlines cost A nothing: a stall only delays the releases, and with
@@ -318,19 +346,20 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
                 a_grid = None
         for reverse, (first, last) in ((False, (head, tail)), (True, (tail, head))):
             releases = np.maximum(first, _release_curve(closures[reverse], weights, sizes, xs))
-            end = _least_end(first + comm_others, releases, cell_cost) + last
+            lead = _copy_lead(problem, released, xs, copy_out=reverse)
+            end = _least_end(first + comm_others, releases, cell_cost, lead) + last
             label = (f"group {released[0].collective.group}: {kind.value} "  # type: ignore[union-attr]
                      f"{'needed by compute' if reverse else 'released by compute'}")
             if int(end) > best:
                 best, what = int(end), label
             if a_grid is not None:  # A (one kind) needed by compute: its deadlines stall the compute stream
                 stalls.append((end, label, (first, first + comm_others, last, closures[not reverse], a_sizes,
-                                            a_grid, releases, cell_cost)))
+                                            a_grid, releases, cell_cost, lead)))
     # the stalled terms last, most promising first: each gives up once it cannot beat the best so far
-    for _, label, (first, base, last, closure, a_sizes, a_grid, releases, cell_cost) in sorted(
+    for _, label, (first, base, last, closure, a_sizes, a_grid, releases, cell_cost, lead) in sorted(
             stalls, key=lambda s: -s[0]):
         needs = _needs(closure, weights, a_sizes, a_grid[0])
-        end = _stalled_term(weights, first, base, last, needs, a_grid[1], releases, cell_cost, max(floor, best))
+        end = _stalled_term(weights, first, base, last, needs, a_grid[1], releases, cell_cost, max(floor, best), lead)
         if int(end) > best:
             best, what = int(end), label
     return best, what

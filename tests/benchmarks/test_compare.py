@@ -32,7 +32,7 @@ from fxsched.benchmarks.inductor_adapter import (
 from fxsched.benchmarks.zoo import ZooGraph, build
 from fxsched.fxbridge.costs import collective_kind, collective_size_bytes
 from fxsched.fxbridge.extract import Extraction, extract_problem
-from fxsched.solver import OpKind, Schedule, check_schedule, simulate
+from fxsched.solver import BucketCosts, OpKind, Schedule, check_schedule, simulate
 from fxsched.solver.cpsat import SolveConfig
 
 NAME, LAYERS = "llama_fsdp_8r_small", 1
@@ -188,7 +188,8 @@ def test_hidden_target_is_waived_only_where_the_bounds_put_it_out_of_reach() -> 
     (500) is independent of it, so c1 is hideable but exposed in every schedule: 1 of 1, the
     target is out of reach and waived. ``queue``: 100 gathers of 200 B on one group whose curve is
     5000 ns + 0.1 ns/B (5020 ns alone), all independent of x (6000 ns): none is exposed on its
-    own, but the cheapest bucketing (one bucket, 5000 + 0.1 * 20,000) takes 7000 ns, so the bound
+    own, but the cheapest bucketing (one bucket, 5000 + 0.1 * 20,000, with copies of 1 ns at the
+    fast memory given here) takes 7000 ns, so the bound
     proves 1000 ns exposed: at least one collective is exposed in every schedule, and 99 of 100
     hidden is still allowed, so the target applies (original order: FAILS)."""
     from fxsched.heuristics import overlap_schedule
@@ -204,7 +205,8 @@ def test_hidden_target_is_waived_only_where_the_bounds_put_it_out_of_reach() -> 
     queue = make_problem([op for k in range(100) for op in (
         coll(f"c{k}", runtime_ns=5_020, bytes_in=100, bytes_out=100), wait(f"w{k}", f"c{k}"))]
         + [compute("x", 6000, heavy=True)], groups=("A",))
-    queue = dataclasses.replace(queue, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))))
+    queue = dataclasses.replace(queue, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))),
+                                bucket_costs=BucketCosts(memory_bandwidth_gbps=100_000.0, launch_overhead_ns=0))
 
     def report(p, sched):
         rows = [compare.Row("original order", simulate(p), 0.0), compare.Row("cpsat", simulate(p, sched), 0.0)]
