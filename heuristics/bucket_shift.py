@@ -104,14 +104,13 @@ def _splits(problem: ScheduleProblem, sched: Schedule, unit: BucketPlacement, po
     if half >= 2:
         yield Schedule(sched.order, (*buckets, tuple(by_pos[:half]), tuple(by_pos[half:])), sched.multi_dtype)
     by_wait = sorted(unit.members, key=lambda m: pos[problem.wait_of[m]])
-    first = by_pos[0]
     for k in dict.fromkeys((1, half)):
         ahead, rest = by_wait[:k], by_wait[k:]
         if not ahead or not rest:
             continue
         going = set(ahead)
         order = [o for o in sched.order if o not in going]
-        i = order.index(first) if first not in going else order.index(next(m for m in by_pos if m not in going))
+        i = order.index(next(m for m in by_pos if m not in going))  # the rest's first member
         order[i:i] = [o for o in sched.order if o in going]
         yield Schedule(tuple(order), (*buckets, *(tuple(x) for x in (ahead, rest) if len(x) >= 2)), sched.multi_dtype)
 
