@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .memory_cuts import bucket_size_caps
+from .memory_cuts import CutGraph, bucket_size_caps
 from .problem import OpKind, ScheduleProblem, bit_mask
 from .stream_bound import stream_release_bound
 
@@ -257,7 +257,9 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
     by_group: dict[str, list] = {}
     for c in problem.collectives:
         by_group.setdefault(c.collective.group, []).append(c)  # type: ignore[union-attr]
-    caps = bucket_size_caps(problem, memory_budget_bytes) if memory_budget_bytes is not None else {}
+    graph = CutGraph(problem) if memory_budget_bytes is not None else None
+    memory = None if graph is None else (graph, memory_budget_bytes)
+    caps = bucket_size_caps(problem, memory_budget_bytes, graph=graph) if graph is not None else {}
     prices = _budget_prices(problem, caps)  # none without a budget (no caps)
     for g, cols in by_group.items():
         kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
@@ -289,7 +291,7 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
         # after the FIFO terms: the stream term's costlier parts give up below the best so far
         stream, what = stream_release_bound(
             problem, weights, cols, int(heads.min()), int(tails.min()), lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
-            {k: f.one for k, f in lb_of.items()}, prices, caps, best)
+            {k: f.one for k, f in lb_of.items()}, prices, caps, best, memory)
         if stream > best:
             best, limiting = stream, what
     chain, last = _chain_bound(problem, weights, anc, desc, rt_min)

@@ -117,6 +117,30 @@ class CutGraph:
     def n_arcs(self) -> int:
         return len(self.caps)
 
+    def least_priced(self, weights: np.ndarray, sizes: np.ndarray, mem_scale: int, per_ns: int, m_num: int) -> int:
+        """``min over closed E of mem_scale * live(E) + per_ns * weights(E) - m_num * sizes(E)``, ``E``
+        a set of ops closed under dependencies (those run so far) and ``live(E)`` the memory live
+        after them (as :meth:`live_bytes`), exact; per-op ``weights`` and ``sizes``. The caller
+        keeps ``mem_scale * storage bytes + per_ns * weights.sum() + m_num * sizes.sum()`` below
+        ``2**55`` (:attr:`storage_bytes`)."""
+        src, snk = self.source, self.sink
+        ops = np.arange(len(weights))
+        heavy, sized = weights > 0, sizes > 0
+        flow = max_flow.SimpleMaxFlow()
+        flow.add_arcs_with_capacity(
+            np.concatenate([self.tails, ops[heavy], np.full(int(sized.sum()), src)]),
+            np.concatenate([self.heads, np.full(int(heavy.sum()), snk), ops[sized]]),
+            np.concatenate([np.where(self.caps >= _INF, _INF, self.caps * mem_scale), per_ns * weights[heavy],
+                            m_num * sizes[sized]]))
+        if flow.solve(src, snk) != flow.OPTIMAL:  # pragma: no cover - integral capacities always solve
+            raise RuntimeError("min cut: max-flow failed")
+        return int(flow.optimal_flow()) - m_num * int(sizes.sum())
+
+    @property
+    def storage_bytes(self) -> int:
+        """The sum of the finite (storage) capacities."""
+        return int(self.caps[self.caps < _INF].sum())
+
     def live_bytes(self, before: np.ndarray, after: np.ndarray) -> int:
         """Least memory live across any split with the ops ``before`` on one side and ``after``
         on the other (ops given as index arrays)."""
@@ -131,19 +155,21 @@ class CutGraph:
         return int(flow.optimal_flow())
 
 
-def bucket_size_caps(problem: ScheduleProblem, budget_bytes: int, *, max_arc_work: int = 4_000_000) -> dict[str, float]:
+def bucket_size_caps(problem: ScheduleProblem, budget_bytes: int, *, max_arc_work: int = 4_000_000,
+                     graph: CutGraph | None = None) -> dict[str, float]:
     """Per collective: the largest summed ``size_bytes`` of a bucket of two or more that holds it
     and fits ``budget_bytes`` (see the module doc); 0 when no such bucket fits.
 
     The spike of a bucket is at least ``r * size`` with ``r`` the least spike-to-size ratio of
     its bucket key. Each cut is one max-flow; collectives are cut, evenly spread in program
     order, while ``cuts * arcs <= max_arc_work`` (a fixed amount of work, so the result does not
-    depend on the machine); the others get no cap (``inf``).
+    depend on the machine); the others get no cap (``inf``). ``graph``: the problem's cut graph,
+    when the caller has built it.
     """
     cols = problem.collectives
     if not cols:
         return {}
-    graph = CutGraph(problem)
+    graph = CutGraph(problem) if graph is None else graph
     ratio: dict[tuple, float] = {}
     for c in cols:
         key = c.collective.bucket_key()  # type: ignore[union-attr]

@@ -4,7 +4,7 @@ a run, compute pulled into a stall, and validity / never-worse on tiny problems.
 from __future__ import annotations
 
 import pytest
-from fxsched.heuristics.concentrate import concentrate_stalls, pulled, reordered_runs
+from fxsched.heuristics.concentrate import concentrate_stalls, jumped, pulled, reordered_runs
 from fxsched.heuristics.overlap import overlap_schedule
 from fxsched.heuristics.sink import sunk
 from fxsched.solver import Schedule, check_schedule, simulate
@@ -151,6 +151,30 @@ def test_hidden_runs_are_left_alone() -> None:
     order = ("c1", "c2", "x", "w2", "w1", "v1", "z")
     s = Schedule(order)
     assert concentrate_stalls(p, s) is s
+
+
+def test_a_short_collective_jumps_its_groups_backlog() -> None:
+    """c0 (10 ns) and c1 (100 ns) are issued at 0 (c1 queued 10..110); x (10 ns) makes c2's input;
+    c2 (5 ns, same group) is issued at 10 but waits behind c1 (110..115); y (20 ns) runs 10..30,
+    then w2 stalls 85 ns (to 115); u (5 ns, needs w2) 115..120, z (200 ns, independent)
+    120..320; the other waits end it: 320 ns, c2 exposed. Sinking w2 cannot help (u needs it
+    right after), but issuing the queued c1 just after c2 runs c2 at once (10..15) and c1
+    15..115, under y, u and z: no stall, 235 ns, all three hidden. c0, already running, stays."""
+    p = make_problem([coll("c0", "A", AG, runtime_ns=10), coll("c1", "A", AG, runtime_ns=100),
+                      compute("x", 10, heavy=True), coll("c2", "A", AG, runtime_ns=5, deps=["x"]),
+                      compute("y", 20, heavy=True), wait("w2", "c2"), compute("u", 5, deps=["w2"], heavy=True),
+                      compute("z", 200), wait("w0", "c0"), wait("w1", "c1")])
+    base = Schedule.original(p)
+    r0 = simulate(p, base)
+    assert (r0.makespan_ns, r0.exposed_ns, r0.n_hidden_hideable, r0.n_hideable) == (320, 85, 2, 3)
+    stalled = next(t for t in r0.collectives if t.exposed_ns)
+    assert stalled.members == ("c2",)
+    out = jumped(p, base, r0, stalled)
+    assert out is not None and out.order == ("c0", "x", "c2", "c1", "y", "w2", "u", "z", "w0", "w1")
+    assert concentrate_stalls(p, base) == out
+    r = simulate(p, out)
+    assert (r.makespan_ns, r.exposed_ns, r.n_hidden_hideable) == (235, 0, 3)
+    assert jumped(p, base, r0, next(t for t in r0.collectives if t.members == ("c0",))) is None  # issued first
 
 
 @pytest.mark.parametrize("p", tiny_problems(20, seed=31), ids=lambda p: p.name)

@@ -146,8 +146,8 @@ def _without_stall(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stream term as it was before the gathers' deadlines: the first-run set ends at its
     least time and stalls nothing."""
     monkeypatch.setattr(stream_bound, "_stalled_term",
-                        lambda weights, start, base, last, needs, a_cost, releases, r_cost, floor, r_lead=None:
-                        _least_end(base, releases, r_cost, r_lead) + last)
+                        lambda weights, start, base, last, needs, a_cost, releases, r_cost, floor, r_lead=None,
+                        r_late=None: _least_end(base, releases, r_cost, r_lead, r_late) + last)
 
 
 def test_a_gather_compute_needs_first_stalls_the_releases(monkeypatch: pytest.MonkeyPatch) -> None:
