@@ -340,7 +340,7 @@ def _polished(problem: ScheduleProblem, sched: Schedule, res: SimResult, polish:
     after them could fill, and the next windows should start from the better incumbent."""
     if not polish:
         return sched, res
-    out = concentrate_stalls(problem, sched, max_tries=POLISH_TRIES, keep_heavy_order=keep_heavy_order)
+    out = concentrate_stalls(problem, sched, max_tries=POLISH_TRIES, keep_heavy_order=keep_heavy_order, jump=False)
     return (sched, res) if out is sched else (out, simulate(problem, out))
 
 

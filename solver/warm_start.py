@@ -173,7 +173,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                                     cap_bytes=config.bucket_cap_bytes, deadline=deadline, min_gain_ns=MOVE_MIN_GAIN_NS)
 
     def polish(s: Schedule) -> Schedule:
-        return concentrate_stalls(problem, s, max_tries=POLISH_TRIES, deadline=deadline,
+        return concentrate_stalls(problem, s, max_tries=POLISH_TRIES, deadline=deadline, jump=False,
                                   keep_heavy_order=config.mode == "fixed")
 
     steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink), ("shift", shift)]

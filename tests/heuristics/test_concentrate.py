@@ -174,6 +174,7 @@ def test_a_short_collective_jumps_its_groups_backlog() -> None:
     assert concentrate_stalls(p, base) == out
     r = simulate(p, out)
     assert (r.makespan_ns, r.exposed_ns, r.n_hidden_hideable) == (235, 0, 3)
+    assert "c1" not in concentrate_stalls(p, base, jump=False).order[2:]  # without jumps the FIFO stays
     assert jumped(p, base, r0, next(t for t in r0.collectives if t.members == ("c0",))) is None  # issued first
 
 
