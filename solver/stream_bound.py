@@ -32,7 +32,9 @@ holding at least ``x`` bytes of ``R``.
   :mod:`.bounds`). A bucket of more bytes than the kind's largest collective holds two or more,
   so it first copies its inputs in on the compute stream, after the compute that releases it:
   it starts at least that copy after its release (:func:`_copy_lead`; in the time-reversed
-  bound, the copy-out of a kind that copies out). A dynamic program over a byte grid gives the
+  bound, the copy-out of a kind that copies out); within a memory budget, a bucket of two or
+  more reduce-scatters also waits for the compute that frees memory for its buffers
+  (:func:`_memory_late`). A dynamic program over a byte grid gives the
   least end time (grid rounding only shrinks buckets and lowers releases: still a bound), and
   the makespan is at least that plus ``t``.
 
