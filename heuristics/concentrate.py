@@ -39,7 +39,7 @@ import time
 
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
-from ..solver.simulator import SimResult, simulate
+from ..solver.simulator import CollectiveTiming, SimResult, simulate
 from .bucketing import bit_indices
 from .sink import sunk
 
@@ -134,7 +134,7 @@ def pulled(problem: ScheduleProblem, schedule: Schedule, wait_pos: int, stall_ns
     return None
 
 
-def jumped(problem: ScheduleProblem, schedule: Schedule, res: SimResult, stalled) -> Schedule | None:
+def jumped(problem: ScheduleProblem, schedule: Schedule, res: SimResult, stalled: CollectiveTiming) -> Schedule | None:
     """``schedule`` with the units of ``stalled``'s group that wait in its FIFO when it is issued
     (issued before it, started no earlier) issued just after it instead, keeping their order; None
     when there are none. A short collective stuck behind its group's backlog (a norm weight's
