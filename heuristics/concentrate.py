@@ -134,7 +134,7 @@ def pulled(problem: ScheduleProblem, schedule: Schedule, wait_pos: int, stall_ns
     return None
 
 
-def jumped(problem: ScheduleProblem, schedule: Schedule, res: SimResult, stalled: CollectiveTiming) -> Schedule | None:
+def jumped(schedule: Schedule, res: SimResult, stalled: CollectiveTiming) -> Schedule | None:
     """``schedule`` with the units of ``stalled``'s group that wait in its FIFO when it is issued
     (issued before it, started no earlier) issued just after it instead, keeping their order; None
     when there are none. A short collective stuck behind its group's backlog (a norm weight's
@@ -216,7 +216,7 @@ def concentrate_stalls(problem: ScheduleProblem, schedule: Schedule, *, max_trie
         if kept is not None:
             continue
         if jump and t.fifo_delay_ns > 0:
-            cand = jumped(problem, best, res, t)
+            cand = jumped(best, res, t)
             if cand is not None and (kept := _kept(problem, cand, res)) is not None:
                 best, res = cand, kept
                 continue

@@ -169,13 +169,13 @@ def test_a_short_collective_jumps_its_groups_backlog() -> None:
     assert (r0.makespan_ns, r0.exposed_ns, r0.n_hidden_hideable, r0.n_hideable) == (320, 85, 2, 3)
     stalled = next(t for t in r0.collectives if t.exposed_ns)
     assert stalled.members == ("c2",)
-    out = jumped(p, base, r0, stalled)
+    out = jumped(base, r0, stalled)
     assert out is not None and out.order == ("c0", "x", "c2", "c1", "y", "w2", "u", "z", "w0", "w1")
     assert concentrate_stalls(p, base) == out
     r = simulate(p, out)
     assert (r.makespan_ns, r.exposed_ns, r.n_hidden_hideable) == (235, 0, 3)
     assert "c1" not in concentrate_stalls(p, base, jump=False).order[2:]  # without jumps the FIFO stays
-    assert jumped(p, base, r0, next(t for t in r0.collectives if t.members == ("c0",))) is None  # issued first
+    assert jumped(base, r0, next(t for t in r0.collectives if t.members == ("c0",))) is None  # issued first
 
 
 @pytest.mark.parametrize("p", tiny_problems(20, seed=31), ids=lambda p: p.name)

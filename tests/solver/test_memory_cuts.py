@@ -11,9 +11,9 @@ import random
 import numpy as np
 import pytest
 from fxsched.solver import stream_bound
-from fxsched.solver.bounds import makespan_lower_bound
+from fxsched.solver.bounds import _weights, makespan_lower_bound
 from fxsched.solver.memory_cuts import CutGraph, bucket_size_caps, spike_bytes
-from fxsched.solver.problem import bit_mask
+from fxsched.solver.problem import OpKind, bit_mask
 from fxsched.solver.simulator import simulate
 from fxsched.solver.schedule import Schedule
 from oracle import brute_force, default_budget
@@ -142,7 +142,7 @@ def _live_by_definition(p, done: set[str]) -> int:
     for st in p.storages:
         users = {op.name for op in p.ops if st.name in op.uses}
         maker = makers.get(st.name)
-        if maker is not None and maker.kind.value == "collective":
+        if maker is not None and maker.kind is OpKind.COLLECTIVE:
             exists = bool((users - {maker.name}) & done)
             users -= {maker.name}
         else:
@@ -158,7 +158,7 @@ def test_least_priced_is_the_least_over_closed_sets(idx: int) -> None:
     ops closed under dependencies, enumerated here (the stream bound's memory prices)."""
     p = two_gathers() if idx == 0 else tiny_problems(6, seed=3)[idx]
     names = [op.name for op in p.ops]
-    weights = np.array([op.runtime_ns if op.kind.value in ("compute", "zero") else 0 for op in p.ops], dtype=np.int64)
+    weights = _weights(p)
     sizes = np.array([op.collective.size_bytes if op.collective else 0 for op in p.ops], dtype=np.int64)
     graph = CutGraph(p)
     for scale, per_ns, m in ((1, 0, 0), (4, 3, 1), (2, 1, 5)):
