@@ -131,9 +131,17 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     # simulates the whole graph per try, and on 80 layers the first one took the 9 s left of a 30 s
     # solve
     moves_on = free_windows and size_scale(problem) >= 1.0
+    stale = False  # a gain changed the incumbent's order: rebase before the next round uses it
     for rnd in itertools.count():
         if rnd >= rounds:
             break
+        if stale:
+            # rebased only when a round follows: on a wall clock, a gain just before the deadline
+            # would otherwise spend a second past it building frames no round uses
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+            problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
+            stale = False
         rates = (paid_rate(paid[True]), paid_rate(paid[False]))
         if moves_on:
             moved = _move_round(problem, config, budget, best, deadline)
@@ -141,12 +149,12 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 moves_on = False  # no move left until a window changes the incumbent
                 rounds += 1  # a sweep that finds nothing is not a round
                 continue
-            best, best_res = _polished(problem, moved, simulate(problem, moved), config.polish, False)
+            best, best_res = _polished(problem, moved, simulate(problem, moved), config.polish, False, deadline)
             method = "cpsat-lns"
             stats["improved"] += 1
             stats["cheap_moves"] = stats.get("cheap_moves", 0) + 1
             tried.clear()
-            problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
+            stale = True
             log.info("solve %s: round %d (cheap move): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
             continue
         if free_windows and (fixed_done or rates[0] > rates[1] or (rates[0] == rates[1] and free_first)):
@@ -172,14 +180,13 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             if got[1].peak_memory_bytes <= budget and (got[1].makespan_ns, got[1].peak_memory_bytes) < (
                     best_res.makespan_ns, best_res.peak_memory_bytes):
                 before_ns = best_res.makespan_ns
-                best, best_res = _polished(problem, got[0], got[1], config.polish, False)
+                best, best_res = _polished(problem, got[0], got[1], config.polish, False, deadline)
                 method = "cpsat-lns"
                 stats["improved"] += 1
                 paid[True][1] += before_ns - best_res.makespan_ns
                 tried.clear()  # (free windows are tried again where the stall changed: free_window)
                 moves_on = True
-                # the fixed rounds keep the new heavy-compute order
-                problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
+                stale = True  # the fixed rounds keep the new heavy-compute order
                 log.info("solve %s: round %d (free window): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
             continue
         window = replayer.seed_window(best_res, size, tried) if replayer and rnd < config.layer_seed_rounds else None
@@ -233,9 +240,8 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             if replayer is not None:
                 sched, res = replayer.improve(best, sched, res, stats)
             before_ns = best_res.makespan_ns
-            best, best_res = _polished(problem, sched, res, config.polish, not free_mode)
-            if best is not sched:  # compute moved into stalls: the fixed rounds keep its new order
-                problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
+            best, best_res = _polished(problem, sched, res, config.polish, not free_mode, deadline)
+            stale = stale or best is not sched  # compute moved into stalls: the fixed rounds keep its new order
             method = "cpsat-lns"
             stats["improved"] += 1
             paid[False][1] += before_ns - best_res.makespan_ns
@@ -333,14 +339,15 @@ def _rebased(problem: ScheduleProblem, best: Schedule, config: SolveConfig, budg
     return problem, full, replayer
 
 
-def _polished(problem: ScheduleProblem, sched: Schedule, res: SimResult, polish: bool, keep_heavy_order: bool
-              ) -> tuple[Schedule, SimResult]:
+def _polished(problem: ScheduleProblem, sched: Schedule, res: SimResult, polish: bool, keep_heavy_order: bool,
+              deadline: float | None = None) -> tuple[Schedule, SimResult]:
     """A round's gain with its small stalls filled (:func:`..heuristics.concentrate.concentrate_stalls`,
     a few tries): a round stops on time and leaves stalls of a few microseconds that compute just
     after them could fill, and the next windows should start from the better incumbent."""
     if not polish:
         return sched, res
-    out = concentrate_stalls(problem, sched, max_tries=POLISH_TRIES, keep_heavy_order=keep_heavy_order, jump=False)
+    out = concentrate_stalls(problem, sched, max_tries=POLISH_TRIES, deadline=deadline,
+                             keep_heavy_order=keep_heavy_order, jump=False)
     return (sched, res) if out is sched else (out, simulate(problem, out))
 
 
