@@ -29,22 +29,24 @@ from .reorder import fastest_deferral, filler_ops, first_improvements
 
 def defer_far_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
                       max_moves: int = 32, max_seeds: int = 256, deadline: float | None = None,
-                      min_gain_ns: int = 0) -> Schedule:
+                      min_gain_ns: int = 0, max_evals: int | None = None) -> Schedule:
     """Improve ``schedule`` by deferring single fillers past the head of an exposed collective's
     queue (see module doc). At most ``max_moves`` moves are kept, and at most ``max_seeds``
-    fillers (evenly spread over the program) are tried per head; a move must shorten the makespan by
-    more than ``min_gain_ns``. ``deadline`` (a ``time.perf_counter()`` value; None: none, the
-    deterministic default) stops it early."""
+    fillers (evenly spread over the program) are tried per head, and ``max_evals`` (None: no
+    limit) in all: a bound on the work that does not depend on the machine (each try times the
+    whole graph); a move must shorten the makespan by more than ``min_gain_ns``. ``deadline`` (a
+    ``time.perf_counter()`` value; None: none, the deterministic default) stops it early."""
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
     fillers = sorted(filler_ops(problem), key=problem.index.__getitem__)
     tried: set[tuple[tuple[str, ...], int]] = set()  # (head, makespan when tried)
+    left = [max_evals]  # fillers still to try (None: no limit)
 
     def move(sched: Schedule, res: SimResult, t: CollectiveTiming) -> tuple[Schedule, SimResult] | None:
         head = queue_head(res, t)
         if (head.members, res.makespan_ns) in tried:
             return None
         tried.add((head.members, res.makespan_ns))
-        return _best_move(problem, sched, res, head, fillers, budget, max_seeds, deadline, min_gain_ns)
+        return _best_move(problem, sched, res, head, fillers, budget, max_seeds, deadline, min_gain_ns, left)
 
     return first_improvements(problem, schedule, "defer_far_fillers", max_moves, deadline,
                               lambda t: (-t.exposed_ns, t.issue_pos), move)
@@ -61,10 +63,11 @@ def queue_head(res: SimResult, t: CollectiveTiming) -> CollectiveTiming:
 
 
 def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, head: CollectiveTiming,
-               fillers: list[str], budget: int, max_seeds: int, deadline: float | None, min_gain_ns: int
-               ) -> tuple[Schedule, SimResult] | None:
+               fillers: list[str], budget: int, max_seeds: int, deadline: float | None, min_gain_ns: int,
+               left: list[int | None]) -> tuple[Schedule, SimResult] | None:
     """The fastest single-filler deferral past ``head``'s issue that shortens the makespan by more
-    than ``min_gain_ns`` within ``budget`` (None if none does)."""
+    than ``min_gain_ns`` within ``budget`` (None if none does); ``left`` holds how many fillers may
+    still be tried, counted down."""
     anc = 0
     for m in head.members:
         anc |= problem.ancestors[problem.index[m]] | (1 << problem.index[m])
@@ -72,5 +75,10 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, head: 
     seeds = [f for f in fillers if pos[f] < head.issue_pos and not anc >> problem.index[f] & 1]
     if len(seeds) > max_seeds:
         seeds = [seeds[k * len(seeds) // max_seeds] for k in range(max_seeds)]
+    if left[0] is not None:
+        seeds = seeds[:left[0]]
+        left[0] -= len(seeds)
+        if not seeds:
+            return None
     return fastest_deferral(problem, sched, res, head.issue_pos, ({f} for f in seeds), budget, deadline,
                             min_gain_ns)

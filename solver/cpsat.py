@@ -54,7 +54,8 @@ from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
-from .warm_start import CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, WARM_START_SHARE, size_scale, warm_start
+from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, WARM_START_SHARE, far_evals, size_scale,
+                         warm_start)
 
 log = logging.getLogger(__name__)
 POLISH_SHARE = 0.02  # of a wall-clock budget, kept for the final polish (about a second of a 60 s solve)
@@ -109,8 +110,9 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     scale = size_scale(problem)
     moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096
     builds = max(8, int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)) if config.deterministic else None
+    far = far_evals(problem, time_budget_s) if config.deterministic else None
     h_name, h_sched = (("hint", hint) if hint is not None
-                       else warm_start(problem, budget, config, deadline, moves, builds))
+                       else warm_start(problem, budget, config, deadline, moves, builds, far))
     h_res = simulate(problem, h_sched)
     # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
     # reported bound

@@ -43,6 +43,9 @@ DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budg
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
 CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
 FAR_SEEDS = 256  # fillers tried per queue head by the far deferral (fewer past DEFER_REF_OPS ops)
+# deterministic solves: far-deferral fillers tried in all, per second of budget (same scaling). With
+# no such bound, its 120 moves of 256 fillers each took 134 s of a 60 s solve of the tp_2x4 backward
+FAR_EVALS_PER_S = 40
 PULL_EVALS = 2000  # candidates a single-pull pass tries in all (fewer past DEFER_REF_OPS ops)
 SHIFT_EVALS = 1000  # candidates a bucket-shift pass tries in all (fewer past DEFER_REF_OPS ops)
 POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step here, and each search gain
@@ -63,6 +66,12 @@ def far_seeds(problem: ScheduleProblem) -> int:
     return max(16, int(FAR_SEEDS * size_scale(problem)))
 
 
+def far_evals(problem: ScheduleProblem, time_budget_s: float) -> int:
+    """Fillers the far deferral tries in all in a deterministic solve of ``time_budget_s``:
+    FAR_EVALS_PER_S per second, scaled by :func:`size_scale`, and at least one full head's worth."""
+    return max(far_seeds(problem), int(FAR_EVALS_PER_S * time_budget_s * size_scale(problem)))
+
+
 def pull_evals(problem: ScheduleProblem) -> int:
     """Candidates a single-pull pass tries in all: PULL_EVALS, scaled by :func:`size_scale`, so that
     deterministic solves, which run it with no deadline, do a bounded amount of work."""
@@ -76,7 +85,7 @@ def shift_evals(problem: ScheduleProblem) -> int:
 
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16,
-               critical_builds: int | None = None) -> tuple[str, Schedule]:
+               critical_builds: int | None = None, far_tries: int | None = None) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``) and
     with buckets capped by memory headroom too (``HEADROOM_TRIES``); no bucketed try when the
@@ -93,7 +102,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     (:func:`..heuristics.single_pull.pull_single_fillers`).
     Then bucket boundaries shifted again, and last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
-    The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too);
+    The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too,
+    and the far one tries at most ``far_tries`` fillers in all; None: no such bound);
     with a ``deadline``, the first gets half the time left (at most ``FIRST_DEFER_MAX_S``) and the
     second half of what is left after it. With a ``deadline`` (wall-clock solves only) the tries
     after the first, and the later steps, stop once it has passed."""
@@ -147,7 +157,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
 
     def far(s: Schedule) -> Schedule:
         return defer_far_fillers(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=deadline,
-                                 max_seeds=far_seeds(problem), min_gain_ns=MOVE_MIN_GAIN_NS)
+                                 max_seeds=far_seeds(problem), min_gain_ns=MOVE_MIN_GAIN_NS, max_evals=far_tries)
 
     def pull(s: Schedule) -> Schedule:
         return pull_single_fillers(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=deadline,

@@ -66,3 +66,21 @@ def test_queue_head_walks_back_over_queued_collectives() -> None:
 def test_valid_never_worse_within_budget(p) -> None:
     base = overlap_schedule(p)
     assert_valid_never_worse(p, base, defer_far_fillers(p, base))
+
+
+def test_max_evals_bounds_the_fillers_tried_in_all() -> None:
+    """far_problem with g first (the fillers are tried in problem order: g, then f). Order g, q, f,
+    rf, wq, e, r, wf, wr: g 0..100, q 100..200, f 100..300, rf 300..350, e 300..400, r 400..700: 700.
+    Past r, g alone: q 0..100, f 0..200, rf 200..250, e 200..300, r 300..600, g 300..400: 600; f
+    alone: r 300..600, rf queued to 650: 650. So the first move defers g (2 fillers tried); then
+    only f is left before r: q 0..100, e 100..200, r 200..500, f 200..400, g 400..500, rf queued
+    500..550: 550. One filler in all stops after g (600); three reach 550, as without a bound."""
+    ops = far_problem().ops
+    by = {op.name: op for op in ops}
+    p = make_problem([by[n] for n in ("g", "q", "f", "rf", "wq", "e", "r", "wf", "wr")])
+    base = Schedule.original(p)
+    assert simulate(p, base).makespan_ns == 700
+    assert simulate(p, defer_far_fillers(p, base)).makespan_ns == 550
+    assert simulate(p, defer_far_fillers(p, base, max_evals=1)).makespan_ns == 600
+    assert simulate(p, defer_far_fillers(p, base, max_evals=3)).makespan_ns == 550
+    assert defer_far_fillers(p, base, max_evals=0) is base
