@@ -78,7 +78,5 @@ def _best_move(problem: ScheduleProblem, sched: Schedule, res: SimResult, head: 
     if left[0] is not None:
         seeds = seeds[:left[0]]
         left[0] -= len(seeds)
-        if not seeds:
-            return None
     return fastest_deferral(problem, sched, res, head.issue_pos, ({f} for f in seeds), budget, deadline,
                             min_gain_ns)
