@@ -249,6 +249,7 @@ def bucketed_overlap(
     config: OverlapConfig = DEFAULT_OVERLAP,
     base: Schedule | None = None,
     headroom_share: float | None = None,
+    deadline: float | None = None,
 ) -> Schedule:
     """:func:`bucket_greedy`, then :func:`overlap_schedule` places the buckets.
 
@@ -259,10 +260,10 @@ def bucketed_overlap(
     (bucketing is not always a win: copy-in/out cost compute time and buffers). ``base``: that
     unbucketed schedule when the caller has it already (same ``config``; 7.5 s on 80 layers).
     ``headroom_share``: cap each bucket by that share of its members' memory headroom in the
-    unbucketed schedule too (:func:`memory_headroom`).
+    unbucketed schedule too (:func:`memory_headroom`). ``deadline``: overlap_schedule's.
     """
     pl = Placement(problem, config.move_chains)
-    base = overlap_schedule(problem, config=config, placement=pl) if base is None else base
+    base = overlap_schedule(problem, config=config, placement=pl, deadline=deadline) if base is None else base
     r0 = simulate(problem, base)
     budget = memory_budget(problem, config)
     headroom = None if headroom_share is None else memory_headroom(problem, base, budget, headroom_share, r0)
@@ -271,7 +272,8 @@ def bucketed_overlap(
     if not buckets:
         return base
     try:
-        cand = overlap_schedule(problem, buckets, multi_dtype=multi_dtype, config=config, placement=pl)
+        cand = overlap_schedule(problem, buckets, multi_dtype=multi_dtype, config=config, placement=pl,
+                                deadline=deadline)
         r1 = simulate(problem, cand)
     except ValueError as err:  # ScheduleError is a ValueError too
         log.warning("bucketed_overlap: placing %d buckets failed (%s); keeping the unbucketed schedule",

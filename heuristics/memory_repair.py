@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -82,6 +83,7 @@ def repair_memory(
     issue_after: Mapping[str, Sequence[str]] | None = None,
     *,
     max_simulations: int = DEFAULT_MAX_SIMULATIONS,
+    deadline: float | None = None,
 ) -> MemoryRepair | None:
     """Repair the schedule that :func:`assemble` builds from these slots until its peak memory
     fits ``budget`` (see the module docstring); ``issue`` and ``wait`` map every collective to
@@ -93,7 +95,8 @@ def repair_memory(
     move is undone, or its wait put back, where the result still fits and is faster (a cheap
     move taken early can be made redundant by a costlier one taken later). The search stops at
     ``max_simulations`` simulator calls (the undo pass may add ``UNDO_SIMULATIONS``), or early
-    when it frees excess too slowly to finish. Returns None when the slots do not assemble.
+    when it frees excess too slowly to finish, or once ``deadline`` (a ``time.perf_counter()``
+    time; wall-clock solves) has passed, before it fits. Returns None when the slots do not assemble.
     The schedule is valid by construction (:func:`assemble`); callers that hand it out should
     still check it.
     """
@@ -129,10 +132,11 @@ def repair_memory(
     excess0 = excess = _excess(res, budget)
     moved: list[_Unit] = []
     start_makespan = res.makespan_ns
-    while res.peak_memory_bytes > budget and excess and sims < max_simulations:  # excess 0: inputs alone
+    while (res.peak_memory_bytes > budget and excess and sims < max_simulations  # excess 0: inputs alone
+           and (deadline is None or time.perf_counter() <= deadline)):
         best: tuple[tuple[float, int, int], _Unit, _Trial] | None = None
         for unit, s2, w2 in _moves(placement, units, sched, res, budget, issue, wait, wait0)[:MOVES_PER_ROUND]:
-            if sims >= max_simulations:
+            if sims >= max_simulations or (deadline is not None and time.perf_counter() > deadline):
                 break
             t = trial(unit, s2, w2)
             if t is None:

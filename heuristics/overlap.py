@@ -28,12 +28,17 @@ A rung that exceeds the budget at a few positions is not lost: with ``repair_mem
 on), the fastest over-budget rungs that would beat the best fitting one are repaired collective
 by collective (:func:`.memory_repair.repair_memory`: waits pulled earlier, issues pulled later,
 toward the original placement) and kept when they then fit and are faster.
+
+With a wall-clock ``deadline`` (a compile hook's time budget), once it has passed no further rung
+is walked and no repair starts, as soon as one rung has been scored: on the 80-layer backward
+the ladder and its repairs take about 9 s, which a 10 s budget cannot afford.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -99,8 +104,10 @@ def overlap_schedule(
     multi_dtype: bool = False,
     config: OverlapConfig = OverlapConfig(),
     placement: Placement | None = None,
+    deadline: float | None = None,
 ) -> Schedule:
-    """The best schedule over the memory ladder that fits the budget (see module docstring)."""
+    """The best schedule over the memory ladder that fits the budget (see module docstring);
+    ``deadline``: a ``time.perf_counter()`` time past which the ladder stops (module doc)."""
     pl = placement or Placement(problem, config.move_chains)
     original = Schedule.original(problem)
     res0 = simulate(problem, original)
@@ -113,10 +120,14 @@ def overlap_schedule(
     repairs: dict[tuple, MemoryRepair | None] = {}
     policies = ("just_in_time", "early", "keep") if config.policy == "auto" else (config.policy,)
     for policy in policies:
+        if scored and _past(deadline):
+            log.info("overlap_schedule: deadline passed; %d of %d policies walked", policies.index(policy),
+                     len(policies))
+            break
         best_p, shared, over, low = _ladder(problem, pl, items, config, policy, buckets, multi_dtype, budget,
-                                            scored, seen_all)
-        if config.repair_memory and over:
-            best_p = _repair(pl, over, buckets, multi_dtype, budget, best_p, res0, repairs)
+                                            scored, seen_all, deadline)
+        if config.repair_memory and over and not _past(deadline):
+            best_p = _repair(pl, over, buckets, multi_dtype, budget, best_p, res0, repairs, deadline)
         for cand in (shared, best_p):
             if cand is not None and (best is None or cand[0] < best[0]):
                 best = cand
@@ -124,7 +135,7 @@ def overlap_schedule(
             fallback = low
     if best is None and fallback is None:
         log.warning("overlap_schedule: no rung could place the %d buckets; scheduling without them", len(buckets))
-        return overlap_schedule(problem, (), config=config, placement=pl)
+        return overlap_schedule(problem, (), config=config, placement=pl, deadline=deadline)
     if best is not None:
         if res0.peak_memory_bytes <= budget and res0.makespan_ns < best[0][0]:
             return original
@@ -141,7 +152,7 @@ def overlap_schedule(
 def _ladder(
     problem: ScheduleProblem, pl: Placement, items: list[_Item], config: OverlapConfig, policy: str,
     buckets: Sequence[Sequence[str]], multi_dtype: bool, budget: int,
-    scored: dict[Schedule, SimResult], seen_all: set[Schedule],
+    scored: dict[Schedule, SimResult], seen_all: set[Schedule], deadline: float | None = None,
 ) -> tuple[_Best, _Best, list[_Rung], tuple[int, Schedule] | None]:
     """Walk ``policy``'s ladders: (best fitting rung, best fitting rung as "auto" walks it, the
     over-budget rungs to repair, the over-budget rung with the lowest peak).
@@ -151,7 +162,8 @@ def _ladder(
     results, so that "auto" repairs exactly what each policy alone would, and is never slower
     than any). "auto" used to skip the rungs an earlier policy already scored and stop at the
     first new rung that fits; the second result keeps that walk, so it is never slower than it
-    was either. ``scored`` and ``seen_all`` are shared between policies.
+    was either. ``scored`` and ``seen_all`` are shared between policies. Past ``deadline`` no
+    rung is walked once one has been scored (by any policy).
     """
     best: _Best = None
     shared: _Best = None
@@ -161,6 +173,8 @@ def _ladder(
     for on_completion, flush_early in itertools.product((False, True), (False, True)):
         alone_done = shared_done = False
         for in_flight in _IN_FLIGHT_LADDER:
+            if scored and _past(deadline):
+                return best, shared, over, low
             issue, wait, prio, after = _plan(pl, items, config, policy, on_completion, in_flight, flush_early)
             try:
                 sched = assemble(pl, issue, wait, buckets, multi_dtype, prio, after)
@@ -210,7 +224,7 @@ class _Rung:
 
 def _repair(
     pl: Placement, over: list[_Rung], buckets: Sequence[Sequence[str]], multi_dtype: bool, budget: int,
-    best: _Best, res0: SimResult, memo: dict[tuple, MemoryRepair | None],
+    best: _Best, res0: SimResult, memo: dict[tuple, MemoryRepair | None], deadline: float | None = None,
 ) -> _Best:
     """``best`` improved by repairing one policy's fastest over-budget rungs that are faster
     than it (or than the original order when nothing fits yet): at most ``_MAX_REPAIRS``
@@ -219,7 +233,8 @@ def _repair(
     over the budget than the one repaired, nor any rung once a repair failed (what stopped it,
     a point no move frees or memory freed too slowly, is most likely shared by the policy's
     other rungs). ``memo`` holds the repairs done for other policies: a rung repaired again
-    costs what it cost then, so each policy's result is the one it gets alone."""
+    costs what it cost then, so each policy's result is the one it gets alone. No repair starts
+    past ``deadline``, and a repair under way stops there."""
     def bar() -> float:
         if best is not None:
             return best[0][0]
@@ -228,7 +243,8 @@ def _repair(
     repaired_excess: int | None = None
     sims_left, tries = _REPAIR_SIMULATIONS, 0
     for rung in sorted(over, key=lambda r: (r.makespan_ns, r.excess)):
-        if rung.makespan_ns >= bar() or sims_left < _MIN_REPAIR_SIMULATIONS or tries == _MAX_REPAIRS:
+        if (rung.makespan_ns >= bar() or sims_left < _MIN_REPAIR_SIMULATIONS or tries == _MAX_REPAIRS
+                or _past(deadline)):
             break
         if repaired_excess is not None and rung.excess > repaired_excess:
             continue
@@ -237,7 +253,7 @@ def _repair(
         slots = (cap, *(tuple(sorted(d.items())) for d in (rung.issue, rung.wait, rung.prio, rung.after)))
         if slots not in memo:  # "auto" meets the same rung under several policies
             memo[slots] = repair_memory(pl, rung.issue, rung.wait, budget, buckets, multi_dtype, rung.prio,
-                                        rung.after, max_simulations=cap)
+                                        rung.after, max_simulations=cap, deadline=deadline)
         fixed = memo[slots]
         if fixed is None:
             continue
@@ -251,6 +267,10 @@ def _repair(
         if best is None or key < best[0]:
             best = (key, fixed.schedule)
     return best
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
 
 
 def _checked(problem: ScheduleProblem, schedule: Schedule) -> Schedule:

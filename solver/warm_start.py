@@ -105,11 +105,12 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too,
     and the far one tries at most ``far_tries`` fillers in all; None: no such bound);
     with a ``deadline``, the first gets half the time left (at most ``FIRST_DEFER_MAX_S``) and the
-    second half of what is left after it. With a ``deadline`` (wall-clock solves only) the tries
-    after the first, and the later steps, stop once it has passed."""
+    second half of what is left after it. With a ``deadline`` (wall-clock solves only) the overlap
+    scheduler's ladders (:func:`..heuristics.overlap.overlap_schedule`), the tries after the first,
+    and the later steps stop once it has passed, and no step starts after it."""
     oc = OverlapConfig(memory_budget_bytes=budget_bytes)
     t = time.perf_counter()
-    base = overlap_schedule(problem, config=oc)  # the bucketed tries compare with it
+    base = overlap_schedule(problem, config=oc, deadline=deadline)  # the bucketed tries compare with it
     first_s = time.perf_counter() - t
     r = simulate(problem, base)
     best = ((r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes), "overlap", base)
@@ -131,7 +132,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
             log.info("warm start %s: no time left for %s", problem.name, name)
             break
         sched = bucketed_overlap(problem, cap_bytes=cap, multi_dtype=config.multi_dtype, config=oc, base=base,
-                                 headroom_share=share)
+                                 headroom_share=share, deadline=deadline)
         r = simulate(problem, sched)
         key = (r.peak_memory_bytes > budget_bytes, r.makespan_ns, r.peak_memory_bytes)
         if key < best[0]:
@@ -194,8 +195,12 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     steps.append(("shift", shift))
     if config.polish:
         steps.append(("polish", polish))
-    for step, fn in steps:
+    for k, (step, fn) in enumerate(steps):
         t = time.perf_counter()
+        if deadline is not None and t > deadline:  # each step simulates the graph at least once
+            log.info("warm start %s: deadline passed; %d of %d steps skipped", problem.name, len(steps) - k,
+                     len(steps))
+            break
         new = fn(sched)
         log.debug("warm start %s: %s in %.2f s%s", problem.name, step, time.perf_counter() - t,
                   " (changed)" if new != sched else "")

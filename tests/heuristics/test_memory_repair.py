@@ -26,7 +26,7 @@ from fxsched.heuristics.bucketing import bucket_greedy
 from fxsched.heuristics.memory_repair import repair_memory
 from fxsched.heuristics.overlap import OverlapConfig, overlap_schedule
 from fxsched.heuristics.placement import Placement
-from fxsched.solver import ScheduleProblem, check_schedule, simulate
+from fxsched.solver import Schedule, ScheduleProblem, check_schedule, simulate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -140,6 +140,29 @@ def test_an_unreachable_budget_is_reported() -> None:
     assert out is not None and not out.fits
     assert out.result.peak_memory_bytes == 1500
     assert check_schedule(p, out.schedule) == []
+
+
+def test_a_passed_deadline_stops_the_repair_before_its_first_move() -> None:
+    """loss_problem's just_in_time slots (c at slot 1, over the budget at M: 1120 > 1020): with
+    no deadline the repair moves c past M and fits (the test above); with a deadline already
+    passed it simulates the given slots once, moves nothing and says it does not fit."""
+    p = loss_problem()
+    slots = ({"c": 1, "c2": 2}, {"c": 3, "c2": 4})
+    assert repair_memory(Placement(p), *slots, 1020).fits
+    out = repair_memory(Placement(p), *slots, 1020, deadline=0.0)
+    assert out is not None and not out.fits
+    assert (out.moves, out.simulations, out.result.peak_memory_bytes) == (0, 1, 1120)
+
+
+def test_a_passed_deadline_leaves_overlap_schedule_its_first_rung() -> None:
+    """overlap_schedule past its deadline scores one rung and stops: the first (just_in_time, no
+    in-flight limit) puts c at slot 1, over the budget, and is neither repaired nor followed by
+    another rung; nothing fits, so the original order (950, which fits) comes back where no
+    deadline gives 600 (test_the_prefetch_over_the_peak_is_issued_after_it)."""
+    p = loss_problem()
+    sched = overlap_schedule(p, deadline=0.0)
+    assert sched == Schedule.original(p)
+    assert simulate(p, sched).makespan_ns == 950
 
 
 def test_slots_outside_the_frame_give_none() -> None:

@@ -375,3 +375,22 @@ def test_polish_may_leave_the_fixed_model_and_reports_a_valid_bound() -> None:
     assert res.schedule.order.index("b") < res.schedule.order.index("w")
     assert res.objective == simulate(p, res.schedule).makespan_ns == 45
     assert (res.status, res.lower_bound) == (Status.OPTIMAL, 45)
+
+
+def test_a_passed_deadline_leaves_the_warm_start_its_overlap_schedule(monkeypatch) -> None:
+    """Past its deadline (a wall-clock solve whose budget went on the overlap ladder) the warm start
+    runs no later step: on the problem above (filler f first) it returns the overlap schedule, the
+    given order at 220 ns, without calling the critical-path rebuild that reaches 120 ns."""
+    import fxsched.solver.warm_start as ws
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    calls: list[int] = []
+    real = ws.critical_path_schedule
+    monkeypatch.setattr(ws, "critical_path_schedule", lambda *a, **k: calls.append(1) or real(*a, **k))
+    p = make_problem([compute("f", 100, heavy=True), compute("x", 10, heavy=True),
+                      coll("c", "A", AG, runtime_ns=100, deps=["x"]), wait("w", "c"),
+                      compute("y", 10, deps=["w"], heavy=True)])
+    name, sched = ws.warm_start(p, 10**12, SolveConfig(mode="free"), deadline=0.0)
+    assert (name, simulate(p, sched).makespan_ns, calls) == ("overlap", 220, [])
+    assert simulate(p, ws.warm_start(p, 10**12, SolveConfig(mode="free"))[1]).makespan_ns == 120
+    assert calls == [1]
