@@ -54,8 +54,8 @@ from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
-from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, WARM_START_SHARE, far_evals, size_scale,
-                         warm_start)
+from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, WARM_START_SHARE, bucket_tries, far_evals,
+                         size_scale, warm_start)
 
 log = logging.getLogger(__name__)
 POLISH_SHARE = 0.02  # of a wall-clock budget, kept for the final polish (about a second of a 60 s solve)
@@ -111,12 +111,13 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096
     builds = max(8, int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)) if config.deterministic else None
     far = far_evals(problem, time_budget_s) if config.deterministic else None
+    bucketed = bucket_tries(problem, time_budget_s) if config.deterministic else None
     # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
     # reported bound. Computed first, so that on a wall clock its time (2 s on 80 layers) comes out of
     # the warm start's share of the budget
     floor_ns = makespan_lower_bound(problem, budget).makespan_ns
     h_name, h_sched = (("hint", hint) if hint is not None
-                       else warm_start(problem, budget, config, deadline, moves, builds, far))
+                       else warm_start(problem, budget, config, deadline, moves, builds, far, bucketed))
     h_res = simulate(problem, h_sched)
     n_free = sum(op.kind is not OpKind.ZERO for op in problem.ops)
     if config.mode == "free" and n_free * (n_free - 1) // 2 > 4 * config.max_order_literals:

@@ -53,6 +53,11 @@ POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step he
 # second each went on gaining 2 ns apiece (rounding) for 8 s
 MOVE_MIN_GAIN_NS = 1_000
 BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s each on 80 layers) are skipped
+# deterministic solves of graphs past DEFER_REF_OPS ops: seconds of budget per bucketed try, scaled by
+# size. Each runs the overlap ladder and its repairs on the whole graph (about 4 s on the 32-layer
+# backward's 8k ops): with every try, a deterministic 10 s solve of it took 28 s, 17 of them in the
+# four tries, none of which paid
+BUCKET_TRY_S = 4.0
 
 
 def size_scale(problem: ScheduleProblem) -> float:
@@ -83,14 +88,24 @@ def shift_evals(problem: ScheduleProblem) -> int:
     return max(64, int(SHIFT_EVALS * size_scale(problem)))
 
 
+def bucket_tries(problem: ScheduleProblem, time_budget_s: float) -> int | None:
+    """Bucketed tries a deterministic solve of ``time_budget_s`` runs: every one (None) on graphs
+    of up to DEFER_REF_OPS ops, where they are cheap, else one per BUCKET_TRY_S seconds of budget
+    scaled by :func:`size_scale` (0 for a 10 s solve of the 32-layer backward, 2 for 30 s)."""
+    scale = size_scale(problem)
+    return None if scale >= 1.0 else int(time_budget_s * scale / BUCKET_TRY_S)
+
+
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16,
-               critical_builds: int | None = None, far_tries: int | None = None) -> tuple[str, Schedule]:
+               critical_builds: int | None = None, far_tries: int | None = None,
+               max_bucketed: int | None = None) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``) and
     with buckets capped by memory headroom too (``HEADROOM_TRIES``); no bucketed try when the
     unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute, since buckets
-    can save no more than the exposed time;
+    can save no more than the exposed time, and at most ``max_bucketed`` of them (None: no bound;
+    deterministic solves: :func:`bucket_tries`);
     then stalled waits sunk and bucket boundaries shifted (:func:`..heuristics.bucket_shift.shift_bucket_members`,
     when the schedule has buckets and exposes more than ``BUCKETING_MIN_EXPOSED``). In free mode, then: stalls filled with ready compute, independent
     compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
@@ -125,6 +140,9 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         # buckets add compute (copies) and can only save exposed time: little is left to save
         log.info("warm start %s: overlap exposes %d ns; no bucketed tries", problem.name, r.exposed_ns)
         tries = []
+    if max_bucketed is not None and len(tries) > max_bucketed:
+        log.info("warm start %s: %d of %d bucketed tries within the budget", problem.name, max_bucketed, len(tries))
+        tries = tries[:max_bucketed]
     for cap, share in tries:
         name = f"bucket+overlap@{cap >> 20}MiB" + ("" if share is None else f"/headroom {share:g}")
         # a bucketed try costs about 1.5x the first: skip what cannot finish before the deadline

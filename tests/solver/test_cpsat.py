@@ -394,3 +394,35 @@ def test_a_passed_deadline_leaves_the_warm_start_its_overlap_schedule(monkeypatc
     assert (name, simulate(p, sched).makespan_ns, calls) == ("overlap", 220, [])
     assert simulate(p, ws.warm_start(p, 10**12, SolveConfig(mode="free"))[1]).makespan_ns == 120
     assert calls == [1]
+
+
+def test_bucket_tries_follow_the_budget_past_the_reference_size() -> None:
+    """Up to DEFER_REF_OPS (2,500) ops every bucketed try runs (None); past it one per BUCKET_TRY_S
+    (4) seconds of budget scaled by DEFER_REF_OPS / ops: 10,000 ops (scale 1/4) get
+    int(10 * 0.25 / 4) = 0 tries for 10 s, int(30 * 0.25 / 4) = 1 for 30 s, 15 for 240 s."""
+    from types import SimpleNamespace
+
+    from fxsched.solver.warm_start import bucket_tries
+
+    small, large = SimpleNamespace(ops=[None] * 2_500), SimpleNamespace(ops=[None] * 10_000)
+    assert bucket_tries(small, 1.0) is None
+    assert [bucket_tries(large, t) for t in (10.0, 30.0, 240.0)] == [0, 1, 15]
+
+
+def test_max_bucketed_bounds_the_warm_starts_bucketed_tries(monkeypatch) -> None:
+    """The exposed problem of test_warm_start_skips_bucketing_when_little_is_exposed runs all four
+    bucketed tries with no bound, and the first max_bucketed of them with one."""
+    import fxsched.solver.warm_start as ws
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    caps: list[object] = []
+    real = ws.bucketed_overlap
+    monkeypatch.setattr(ws, "bucketed_overlap", lambda *a, **k: caps.append((k["cap_bytes"], k["headroom_share"]))
+                        or real(*a, **k))
+    p = make_problem([coll("c", "A", AG, runtime_ns=500), compute("x", 100, heavy=True),
+                      wait("w", "c"), compute("y", 10, deps=["w", "x"], heavy=True)])
+    ws.warm_start(p, 10**12, SolveConfig(), max_bucketed=2)
+    assert caps == [(ws.WARM_START_CAPS[0], None), (ws.WARM_START_CAPS[1], None)]
+    caps.clear()
+    ws.warm_start(p, 10**12, SolveConfig(), max_bucketed=0)
+    assert caps == []
