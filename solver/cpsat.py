@@ -112,13 +112,12 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     builds = max(8, int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)) if config.deterministic else None
     far = far_evals(problem, time_budget_s) if config.deterministic else None
     bucketed = bucket_tries(problem, time_budget_s) if config.deterministic else None
-    # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
-    # reported bound. Computed first, so that on a wall clock its time (2 s on 80 layers) comes out of
-    # the warm start's share of the budget
-    floor_ns = makespan_lower_bound(problem, budget).makespan_ns
     h_name, h_sched = (("hint", hint) if hint is not None
                        else warm_start(problem, budget, config, deadline, moves, builds, far, bucketed))
     h_res = simulate(problem, h_sched)
+    # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
+    # reported bound
+    floor_ns = makespan_lower_bound(problem, budget).makespan_ns
     n_free = sum(op.kind is not OpKind.ZERO for op in problem.ops)
     if config.mode == "free" and n_free * (n_free - 1) // 2 > 4 * config.max_order_literals:
         frame, pairs = None, n_free * (n_free - 1) // 2  # far too large for a free frame: skip building it
