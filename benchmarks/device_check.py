@@ -37,7 +37,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
 
-_MM = {"mm", "addmm", "bmm"}
+_MM = ("mm", "addmm", "bmm")  # matmuls Inductor leaves to extern kernels, all tagged "mm"
+_CALL = re.compile(r"\s*(?:buf\w+ = )?(?:torch\.ops\._c10d_functional\.(\w+)\.default|extern_kernels\.(?:"
+                   + "|".join(_MM) + r"))\(")
 
 
 def step(group: str):
@@ -98,8 +100,7 @@ def code_order(source: str) -> list[str]:
     in-place variant, which Inductor lowers ``all_reduce`` to, tagged as its functional op)."""
     tags = []
     for line in source[source.index("def call("):].splitlines():
-        m = re.match(r"\s*(?:buf\w+ = )?(?:torch\.ops\._c10d_functional\.(\w+)\.default|extern_kernels\.(mm|addmm|bmm))\(",
-                     line)
+        m = _CALL.match(line)
         if m:
             tags.append(m.group(1).removesuffix("_") if m.group(1) else "mm")
     return tags

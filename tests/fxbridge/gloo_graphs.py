@@ -152,17 +152,11 @@ def compare_all(ref: Sequence[torch.Tensor], got: Sequence[torch.Tensor], exact_
 
 
 def source_order(source: str) -> list[str]:
-    """The collective / wait / mm calls of an Inductor wrapper's ``call``, in order, as short tags."""
-    import re
+    """The collective / wait / matmul calls of an Inductor wrapper's ``call``, in order, as short tags
+    (the device check's reading of the wrapper code)."""
+    from fxsched.benchmarks.device_check import code_order
 
-    tags = []
-    body = source[source.index("def call("):]
-    for line in body.splitlines():
-        m = re.match(r"\s*(?:buf\w+ = )?(?:torch\.ops\._c10d_functional\.(\w+)\.default|extern_kernels\.(mm|addmm|bmm))\(",
-                     line)
-        if m:
-            tags.append(m.group(1) or m.group(2))
-    return tags
+    return code_order(source)
 
 
 def run_rank(rank: int, world: int, port: int, inductor: bool, out_dir: str) -> None:
