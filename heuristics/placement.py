@@ -168,6 +168,18 @@ class Placement:
         return max(lo, min(s, hi))
 
     @cached_property
+    def block_deps(self) -> dict[str, frozenset[str]]:
+        """Per collective, the waits its block (chain and issue) reads; per wait, its collective:
+        what must precede each item of a slot in :func:`assemble`, buckets aside."""
+        p = self.problem
+        out: dict[str, frozenset[str]] = {}
+        for c, unit in self.units.items():
+            out[c] = frozenset(d for m in (*unit.chain, c) for d in p.op_by_name[m].deps
+                               if p.op_by_name[d].kind is OpKind.WAIT)
+            out[p.wait_of[c]] = frozenset((c,))
+        return out
+
+    @cached_property
     def original_slots(self) -> tuple[dict[str, int], dict[str, int]]:
         """(issue, wait) slots that reproduce the original positions as closely as the frame allows."""
         issue, wait = {}, {}
@@ -216,12 +228,8 @@ def assemble(
             raise ValueError(f"collective {c!r}: slots issue {s}, wait {w} outside [{unit.earliest}, {unit.need}]")
         at[s].append(c)
         at[w].append(p.wait_of[c])
-    before: dict[str, set[str]] = {}  # item -> items that must precede it (when in its slot)
-    for c, unit in placement.units.items():
-        deps = before.setdefault(c, set())
-        for m in (*unit.chain, c):
-            deps.update(d for d in p.op_by_name[m].deps if p.op_by_name[d].kind is OpKind.WAIT)
-        before[p.wait_of[c]] = {c}
+    # item -> items that must precede it (when in its slot)
+    before: dict[str, set[str]] = {n: set(d) for n, d in placement.block_deps.items()}
     for b in buckets:
         for m in b:
             before[p.wait_of[m]].update(b)
@@ -230,7 +238,10 @@ def assemble(
 
     order: list[str] = []
     for k, items in enumerate(at):
-        if items:
+        if len(items) == 1:
+            n = items[0]
+            order.extend((*placement.units[n].chain, n) if n in placement.units else (n,))
+        elif items:
             # a wait that a block needs goes as soon as that block would (it must precede it)
             key = {n: own_key(n) for n in items}
             changed = True

@@ -55,7 +55,7 @@ from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
 from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, WARM_START_SHARE, bucket_tries, far_evals,
-                         size_scale, warm_start)
+                         plan_evals, size_scale, warm_start)
 
 log = logging.getLogger(__name__)
 POLISH_SHARE = 0.02  # of a wall-clock budget, kept for the final polish (about a second of a 60 s solve)
@@ -112,8 +112,9 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     builds = max(8, int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)) if config.deterministic else None
     far = far_evals(problem, time_budget_s) if config.deterministic else None
     bucketed = bucket_tries(problem, time_budget_s) if config.deterministic else None
+    plans = plan_evals(problem, time_budget_s) if config.deterministic else None
     h_name, h_sched = (("hint", hint) if hint is not None
-                       else warm_start(problem, budget, config, deadline, moves, builds, far, bucketed))
+                       else warm_start(problem, budget, config, deadline, moves, builds, far, bucketed, plans))
     h_res = simulate(problem, h_sched)
     # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
     # reported bound

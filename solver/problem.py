@@ -280,6 +280,15 @@ class ScheduleProblem:
         return {k: tuple(v) for k, v in out.items()}
 
     @cached_property
+    def timed_compute_mask(self) -> int:
+        """Bitset of the compute ops that take time (original index): what can hide a collective."""
+        m = 0
+        for i, op in enumerate(self.ops):
+            if op.kind is OpKind.COMPUTE and op.runtime_ns > 0:
+                m |= 1 << i
+        return m
+
+    @cached_property
     def ancestors(self) -> list[int]:
         """Bitset (Python int) of transitive dependencies of each op, by original index."""
         idx = self.index

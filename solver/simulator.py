@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 
 from .problem import OpKind, ScheduleProblem
 from .schedule import BucketPlacement, Schedule, ScheduleError, check_schedule, placements
@@ -148,6 +147,15 @@ def position_clocks(problem: ScheduleProblem, schedule: Schedule) -> list[int]:
     return clocks
 
 
+def timed_clocks(problem: ScheduleProblem, schedule: Schedule) -> tuple[list[CollectiveTiming], list[int]]:
+    """Every issued collective's timing and the compute-stream clock after each position of a valid
+    ``schedule``, from one pass (no memory curve): what a search that places issues and waits by
+    the times an earlier draft reached needs (heuristics/stream_plan.py)."""
+    clocks: list[int] = []
+    timings = _timeline(problem, schedule, placements(problem, schedule), clocks)[0]
+    return timings, clocks
+
+
 def _timeline(
     problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement], clocks: list[int] | None = None
 ) -> tuple[list[CollectiveTiming], int, int, int]:
@@ -210,20 +218,12 @@ class _Hideability:
     def __init__(self, problem: ScheduleProblem):
         self.problem = problem
 
-    @cached_property
-    def compute_mask(self) -> int:
-        m = 0
-        for i, op in enumerate(self.problem.ops):
-            if op.kind is OpKind.COMPUTE and op.runtime_ns > 0:
-                m |= 1 << i
-        return m
-
     def __call__(self, members: tuple[str, ...]) -> bool:
         p = self.problem
         related = 0
         for m in members:
             related |= p.ancestors[p.index[m]] | p.descendants[p.index[m]] | (1 << p.index[m])
-        return bool(self.compute_mask & ~related)
+        return bool(p.timed_compute_mask & ~related)
 
 
 def memory_curve(

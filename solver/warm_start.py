@@ -19,6 +19,7 @@ from ..heuristics.pipeline import pipeline_fillers
 from ..heuristics.reorder import defer_independent
 from ..heuristics.single_pull import pull_single_fillers
 from ..heuristics.sink import sink_stalled_waits
+from ..heuristics.stream_plan import plan_search
 from .problem import ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
@@ -58,6 +59,13 @@ BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s 
 # backward's 8k ops): with every try, a deterministic 10 s solve of it took 28 s, 17 of them in the
 # four tries, none of which paid
 BUCKET_TRY_S = 4.0
+# the stream plan search (heuristics/stream_plan.py) after the bucketed tries: in a wall-clock solve,
+# this share of the warm start's time left, times the busiest stream's share of the makespan (where the
+# stream is the bottleneck the buckets decide the makespan; elsewhere the reordering steps after it
+# need the time); in a deterministic one, PLAN_EVALS_PER_S plans per second of budget (scaled by
+# size; about 30 ms a plan on the 4-node backward's 2,100 ops)
+PLAN_SHARE = 0.9
+PLAN_EVALS_PER_S = 20
 
 
 def size_scale(problem: ScheduleProblem) -> float:
@@ -96,16 +104,26 @@ def bucket_tries(problem: ScheduleProblem, time_budget_s: float) -> int | None:
     return None if scale >= 1.0 else int(time_budget_s * scale / BUCKET_TRY_S)
 
 
+def plan_evals(problem: ScheduleProblem, time_budget_s: float) -> int:
+    """Plans the stream plan search scores in a deterministic solve of ``time_budget_s``:
+    PLAN_EVALS_PER_S per second, scaled by :func:`size_scale`."""
+    return int(PLAN_EVALS_PER_S * time_budget_s * size_scale(problem))
+
+
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16,
                critical_builds: int | None = None, far_tries: int | None = None,
-               max_bucketed: int | None = None) -> tuple[str, Schedule]:
+               max_bucketed: int | None = None, max_plans: int | None = None) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``) and
     with buckets capped by memory headroom too (``HEADROOM_TRIES``); no bucketed try when the
     unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute, since buckets
     can save no more than the exposed time, and at most ``max_bucketed`` of them (None: no bound;
     deterministic solves: :func:`bucket_tries`);
+    then, where buckets may pay (the same test), each group's buckets and FIFO order searched
+    whole (:func:`..heuristics.stream_plan.plan_search`: ``max_plans`` plans, or with a
+    ``deadline``, ``PLAN_SHARE`` of the time left times the busiest stream's share of the
+    makespan; neither: its default);
     then stalled waits sunk and bucket boundaries shifted (:func:`..heuristics.bucket_shift.shift_bucket_members`,
     when the schedule has buckets and exposes more than ``BUCKETING_MIN_EXPOSED``). In free mode, then: stalls filled with ready compute, independent
     compute deferred past exposed collectives, stalls filled and waits sunk; weight gradients
@@ -156,6 +174,22 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         if key < best[0]:
             best = (key, name, sched)
     name, sched = best[1], best[2]
+    if config.bucketing and not config.plan and (max_plans is None or max_plans > 0):
+        r = simulate(problem, sched)
+        if r.exposed_ns > BUCKETING_MIN_EXPOSED * r.compute_ns and (deadline is None or time.perf_counter() < deadline):
+            busy: dict[str, int] = {}
+            for c in r.collectives:
+                busy[c.group] = busy.get(c.group, 0) + c.end_ns - c.start_ns
+            share = PLAN_SHARE * min(1.0, max(busy.values(), default=0) / max(1, r.makespan_ns))
+            until = None if deadline is None else time.perf_counter() + share * (deadline - time.perf_counter())
+            t = time.perf_counter()
+            new = plan_search(problem, sched, budget_bytes=budget_bytes, multi_dtype=config.multi_dtype,
+                              cap_bytes=config.bucket_cap_bytes, max_evals=max_plans, deadline=until,
+                              seed=config.seed)
+            log.debug("warm start %s: plan search in %.2f s%s", problem.name, time.perf_counter() - t,
+                      " (changed)" if new != sched else "")
+            if new != sched:
+                name, sched = f"{name}+plan", new
     # the two deferral passes share the moves (deterministic) evenly; the time as the docstring says
     half_moves = max(8, defer_moves // 2)
     mid = None if deadline is None else time.perf_counter() + min(

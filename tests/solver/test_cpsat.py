@@ -426,3 +426,32 @@ def test_max_bucketed_bounds_the_warm_starts_bucketed_tries(monkeypatch) -> None
     caps.clear()
     ws.warm_start(p, 10**12, SolveConfig(), max_bucketed=0)
     assert caps == []
+
+
+def test_plan_evals_scale_with_budget_and_size() -> None:
+    """PLAN_EVALS_PER_S (20) plans per second of budget, scaled by DEFER_REF_OPS / ops past 2,500
+    ops: 200 for 10 s on 2,500 ops, int(20 * 10 * 0.25) = 50 on 10,000."""
+    from types import SimpleNamespace
+
+    from fxsched.solver.warm_start import plan_evals
+
+    small, large = SimpleNamespace(ops=[None] * 2_500), SimpleNamespace(ops=[None] * 10_000)
+    assert (plan_evals(small, 10.0), plan_evals(large, 10.0), plan_evals(large, 0.0)) == (200, 50, 0)
+
+
+def test_max_plans_bounds_the_warm_starts_plan_search(monkeypatch) -> None:
+    """The exposed problem of test_max_bucketed_bounds_the_warm_starts_bucketed_tries: the plan
+    search gets max_plans plans, and none with max_plans=0 or with bucketing off."""
+    import fxsched.solver.warm_start as ws
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    calls: list[object] = []
+    real = ws.plan_search
+    monkeypatch.setattr(ws, "plan_search", lambda *a, **k: calls.append(k["max_evals"]) or real(*a, **k))
+    p = make_problem([coll("c", "A", AG, runtime_ns=500), compute("x", 100, heavy=True),
+                      wait("w", "c"), compute("y", 10, deps=["w", "x"], heavy=True)])
+    ws.warm_start(p, 10**12, SolveConfig(), max_plans=7)
+    assert calls == [7]
+    ws.warm_start(p, 10**12, SolveConfig(), max_plans=0)
+    ws.warm_start(p, 10**12, SolveConfig(bucketing=False), max_plans=7)
+    assert calls == [7]
