@@ -54,8 +54,8 @@ from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
-from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, WARM_START_SHARE, bucket_tries, far_evals,
-                         plan_evals, size_scale, warm_start)
+from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, bucket_tries, far_evals, plan_evals,
+                         size_scale, warm_start, warm_start_share)
 
 log = logging.getLogger(__name__)
 POLISH_SHARE = 0.02  # of a wall-clock budget, kept for the final polish (about a second of a 60 s solve)
@@ -104,8 +104,8 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     budget = resolve_budget(problem, config.memory_budget)
     if problem.link_contention:
         log.warning("solve: link contention %.2f is not modelled; the simulator scores it", problem.link_contention)
-    # wall-clock solves keep at least 40% of the budget for the search
-    deadline = None if config.deterministic else t0 + WARM_START_SHARE * time_budget_s
+    # wall-clock solves keep at least 40% of the budget for the search (15% on stream-bound graphs)
+    deadline = None if config.deterministic else t0 + warm_start_share(problem) * time_budget_s
     # deterministic solves bound the deferral by the budget; wall-clock ones by the deadline
     scale = size_scale(problem)
     moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096

@@ -20,7 +20,7 @@ from ..heuristics.reorder import defer_independent
 from ..heuristics.single_pull import pull_single_fillers
 from ..heuristics.sink import sink_stalled_waits
 from ..heuristics.stream_plan import plan_search
-from .problem import ScheduleProblem
+from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
 
@@ -35,6 +35,11 @@ WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graph
 # 1 GiB no longer fit the budget: 0.35 / 3 GiB gives 175.9 ms there, 1 GiB uniform 188.2 ms
 HEADROOM_TRIES = ((0.35, 3 << 30), (0.5, 2 << 30))
 WARM_START_SHARE = 0.6
+# where one group's collectives, run alone back to back, take at least the compute (stream_bound), the
+# buckets decide the makespan and CP-SAT's windows cannot restructure them: on the 4-node backward
+# its 24 s of a 60 s solve gained nothing, while the plan search gains there. Such graphs give the
+# warm start this share of a wall-clock budget
+STREAM_BOUND_SHARE = 0.85
 # wall clock: the first deferral's time is half the warm start's left, at most this: its later moves
 # leave the critical-path rebuild after it a worse order. On the tp_2x4 backward, the rebuild gave
 # 32.95 ms after 2-8 s of deferral, 33.0 after 16 s and 33.6 after 69 s (a 240 s budget), and that
@@ -66,6 +71,21 @@ BUCKET_TRY_S = 4.0
 # size; about 30 ms a plan on the 4-node backward's 2,100 ops)
 PLAN_SHARE = 0.9
 PLAN_EVALS_PER_S = 20
+
+
+def stream_bound(problem: ScheduleProblem) -> bool:
+    """Whether some group's collectives, run alone back to back, take at least the compute."""
+    per_group: dict[str, int] = {}
+    for c in problem.collectives:
+        per_group[c.collective.group] = per_group.get(c.collective.group, 0) + c.runtime_ns  # type: ignore[union-attr]
+    compute = sum(op.runtime_ns for op in problem.ops if op.kind is OpKind.COMPUTE)
+    return max(per_group.values(), default=0) >= max(1, compute)
+
+
+def warm_start_share(problem: ScheduleProblem) -> float:
+    """The share of a wall-clock budget the warm start may take: STREAM_BOUND_SHARE where the
+    graph is :func:`stream_bound`, else WARM_START_SHARE."""
+    return STREAM_BOUND_SHARE if stream_bound(problem) else WARM_START_SHARE
 
 
 def size_scale(problem: ScheduleProblem) -> float:

@@ -455,3 +455,19 @@ def test_max_plans_bounds_the_warm_starts_plan_search(monkeypatch) -> None:
     ws.warm_start(p, 10**12, SolveConfig(), max_plans=0)
     ws.warm_start(p, 10**12, SolveConfig(bucketing=False), max_plans=7)
     assert calls == [7]
+
+
+def test_stream_bound_graphs_give_the_warm_start_more_time() -> None:
+    """A gather of 500 ns beside 110 ns of compute is stream-bound (500 >= 110): the warm start may
+    take STREAM_BOUND_SHARE of a wall-clock budget; at 100 ns beside 110 it is not."""
+    import fxsched.solver.warm_start as ws
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    def problem(rt: int):
+        return make_problem([coll("c", "A", AG, runtime_ns=rt), compute("x", 100, heavy=True),
+                             wait("w", "c"), compute("y", 10, deps=["w", "x"], heavy=True)])
+
+    assert ws.stream_bound(problem(500)) and not ws.stream_bound(problem(100))
+    assert ws.stream_bound(problem(110))
+    assert ws.warm_start_share(problem(500)) == ws.STREAM_BOUND_SHARE == 0.85
+    assert ws.warm_start_share(problem(100)) == ws.WARM_START_SHARE == 0.6
