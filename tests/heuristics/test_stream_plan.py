@@ -108,3 +108,25 @@ def test_improves_somewhere() -> None:
         base = overlap_schedule(p)
         gains += simulate(p, plan_search(p, base, max_evals=120)).makespan_ns < simulate(p, base).makespan_ns
     assert gains >= 1
+
+
+def test_gives_up_when_nothing_beats_the_start(monkeypatch) -> None:
+    """From two_gathers' optimum (6120 ns apart, the oracle's), no plan is faster: the search stops
+    after GIVE_UP_EVALS scored moves however many it was given."""
+    import fxsched.heuristics.stream_plan as sp
+
+    p = two_gathers()
+    base = plan_search(p, Schedule(Schedule.original(p).order, (("x1", "x2"),)), budget_bytes=1 << 20, max_evals=50)
+    assert simulate(p, base).makespan_ns == 6120
+    moves: list[object] = []
+    real = sp._neighbour
+
+    def counted(*args):
+        move = real(*args)
+        if move is not None:
+            moves.append(move)
+        return move
+
+    monkeypatch.setattr(sp, "_neighbour", counted)
+    assert plan_search(p, base, budget_bytes=1 << 20, max_evals=10_000) is base
+    assert len(moves) == sp.GIVE_UP_EVALS
