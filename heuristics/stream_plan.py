@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
-from ..solver.simulator import CollectiveTiming, SimResult, makespan_ns, simulate, timed_clocks
+from ..solver.simulator import CollectiveTiming, SimResult, simulate, timed_clocks
 from .bucketing import bucketable
 from .memory_repair import repair_memory
 from .overlap import original_peak
@@ -149,7 +149,8 @@ def plan_of(frame: _Frame, schedule: Schedule) -> Plan:
 class _Realized:
     """A plan's schedule and the slots that :func:`.placement.assemble` built it from."""
 
-    schedule: Schedule
+    schedule: Schedule | None  # None: the second pass already ran past the caller's bar
+    second_pass_ns: int  # the makespan of the second pass (the third moves only waits that cost no stall)
     issue: dict[str, int]
     wait: dict[str, int]
     buckets: list[tuple[str, ...]]
@@ -158,15 +159,17 @@ class _Realized:
     def repaired(self, frame: _Frame, budget: int) -> tuple[Schedule, SimResult] | None:
         """The schedule with its memory repaired to fit ``budget`` (:func:`.memory_repair.repair_memory`:
         issues later, waits earlier, at most ``REPAIR_SIMULATIONS`` simulations), or None."""
+        assert self.schedule is not None
         rep = repair_memory(frame.pl, self.issue, self.wait, budget, self.buckets, frame.multi_dtype, self.priority,
                             max_simulations=REPAIR_SIMULATIONS)
         return (rep.schedule, rep.result) if rep is not None and rep.fits else None
 
 
-def realize(frame: _Frame, plan: Plan) -> _Realized | None:
+def realize(frame: _Frame, plan: Plan, bar: float = math.inf) -> _Realized | None:
     """The schedule of ``plan`` (module doc: three passes) and the slots that build it, or None when
     the frame cannot place it (a run needed before the runs ahead of it on its stream can be
-    issued, or buckets that depend on each other both ways)."""
+    issued, or buckets that depend on each other both ways); no schedule when the second pass's
+    makespan is above ``bar`` (a search that would reject it need not build the third)."""
     pl = frame.pl
     units, end_slot = pl.units, pl.n_slots - 1
     issue: dict[str, int] = {}
@@ -197,6 +200,8 @@ def realize(frame: _Frame, plan: Plan) -> _Realized | None:
                     issue[m] = s
                 cap = s
         clock, timing = _slot_times(frame, assemble(pl, issue, wait, buckets, frame.multi_dtype, priority=prio))
+        if clock[-1] > bar:
+            return _Realized(None, clock[-1], issue, wait, buckets, prio)
         for seq in plan:  # waits where the run has ended: before that slot nothing changes, so no stall
             for run in seq:
                 mem = frame.members(run)
@@ -204,7 +209,7 @@ def realize(frame: _Frame, plan: Plan) -> _Realized | None:
                 w = max(s, min(bisect.bisect_left(clock, timing[mem[0]].end_ns, s, end_slot + 1), need[run]))
                 for m in mem:
                     wait[m] = w
-        return _Realized(assemble(pl, issue, wait, buckets, frame.multi_dtype, priority=prio),
+        return _Realized(assemble(pl, issue, wait, buckets, frame.multi_dtype, priority=prio), clock[-1],
                          issue, wait, buckets, prio)
     except ValueError:  # buckets that depend on each other both ways: no order issues and waits both
         return None
@@ -289,19 +294,18 @@ def plan_search(
     scored: dict[Plan, tuple[float, int]] = {}  # (makespan, bytes over the budget)
 
     def score(plan: Plan, price: float, bar: float = math.inf) -> float:
-        """The plan's makespan plus ``price`` per byte over the budget; a makespan above ``bar`` is
-        returned as it is, without the memory curve (the annealing rejects it all but surely)."""
+        """The plan's makespan plus ``price`` per byte over the budget; one whose second pass ran past
+        ``bar`` returns that pass's makespan, unscored (the annealing rejects it all but surely)."""
         nonlocal best
         if plan in scored:
             makespan, over = scored[plan]
             return makespan + price * over
-        real = realize(frame, plan)
+        real = realize(frame, plan, bar)
         if real is None:
             scored[plan] = (math.inf, 0)
             return math.inf
-        makespan = makespan_ns(problem, real.schedule)
-        if makespan > bar:
-            return makespan
+        if real.schedule is None:
+            return real.second_pass_ns
         sched, res = real.schedule, simulate(problem, real.schedule, check=False)
         over = max(0, res.peak_memory_bytes - budget)
         # only a plan that would beat the best within the budget is worth a memory repair

@@ -64,7 +64,8 @@ BUCKETING_MIN_EXPOSED = 0.0025  # of compute: below it the bucketed tries (10 s 
 # backward's 8k ops): with every try, a deterministic 10 s solve of it took 28 s, 17 of them in the
 # four tries, none of which paid
 BUCKET_TRY_S = 4.0
-# the stream plan search (heuristics/stream_plan.py) after the bucketed tries: in a wall-clock solve,
+# the stream plan search (heuristics/stream_plan.py) after the bucketed tries, on stream-bound graphs
+# only (on the tp, tp_2x4, 8-layer and DDP graphs no plan beat its start): in a wall-clock solve,
 # this share of the warm start's time left, times the busiest stream's share of the makespan (where the
 # stream is the bottleneck the buckets decide the makespan; elsewhere the reordering steps after it
 # need the time); in a deterministic one, PLAN_EVALS_PER_S plans per second of budget (scaled by
@@ -140,8 +141,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     unbucketed one fits and exposes under ``BUCKETING_MIN_EXPOSED`` of its compute, since buckets
     can save no more than the exposed time, and at most ``max_bucketed`` of them (None: no bound;
     deterministic solves: :func:`bucket_tries`);
-    then, where buckets may pay (the same test), each group's buckets and FIFO order searched
-    whole (:func:`..heuristics.stream_plan.plan_search`: ``max_plans`` plans, or with a
+    then, on a :func:`stream_bound` graph where buckets may pay (the same test), each group's
+    buckets and FIFO order searched whole (:func:`..heuristics.stream_plan.plan_search`: ``max_plans`` plans, or with a
     ``deadline``, ``PLAN_SHARE`` of the time left times the busiest stream's share of the
     makespan; neither: its default);
     then stalled waits sunk and bucket boundaries shifted (:func:`..heuristics.bucket_shift.shift_bucket_members`,
@@ -194,7 +195,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
         if key < best[0]:
             best = (key, name, sched)
     name, sched = best[1], best[2]
-    if config.bucketing and not config.plan and (max_plans is None or max_plans > 0):
+    if config.bucketing and not config.plan and (max_plans is None or max_plans > 0) and stream_bound(problem):
         r = simulate(problem, sched)
         if r.exposed_ns > BUCKETING_MIN_EXPOSED * r.compute_ns and (deadline is None or time.perf_counter() < deadline):
             busy: dict[str, int] = {}

@@ -440,8 +440,9 @@ def test_plan_evals_scale_with_budget_and_size() -> None:
 
 
 def test_max_plans_bounds_the_warm_starts_plan_search(monkeypatch) -> None:
-    """The exposed problem of test_max_bucketed_bounds_the_warm_starts_bucketed_tries: the plan
-    search gets max_plans plans, and none with max_plans=0 or with bucketing off."""
+    """The exposed problem of test_max_bucketed_bounds_the_warm_starts_bucketed_tries (stream-bound:
+    its gather takes 500 ns beside 110 ns of compute): the plan search gets max_plans plans, and
+    none with max_plans=0, with bucketing off, or on a graph that is not stream-bound."""
     import fxsched.solver.warm_start as ws
     from solver_builders import AG, coll, compute, make_problem, wait
 
@@ -454,6 +455,13 @@ def test_max_plans_bounds_the_warm_starts_plan_search(monkeypatch) -> None:
     assert calls == [7]
     ws.warm_start(p, 10**12, SolveConfig(), max_plans=0)
     ws.warm_start(p, 10**12, SolveConfig(bucketing=False), max_plans=7)
+    assert calls == [7]
+    # a gather of 100 ns beside 210 ns of compute, needed by the first heavy op: it exposes 100 ns
+    # in the kept heavy order, but is not stream-bound: no plan search
+    q = make_problem([coll("c", "A", AG, runtime_ns=100), wait("w", "c"), compute("y", 10, deps=["w"], heavy=True),
+                      compute("x", 200, heavy=True)])
+    assert simulate(q, ws.overlap_schedule(q)).exposed_ns == 100 and not ws.stream_bound(q)
+    ws.warm_start(q, 10**12, SolveConfig(), max_plans=7)
     assert calls == [7]
 
 
