@@ -45,10 +45,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..solver.cpsat_frame import bucket_size_bytes
 from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
 from ..solver.simulator import CollectiveTiming, SimResult, simulate, timed_clocks
-from .bucketing import bucketable
+from .bucketing import BucketFeasibility, bucketable
 from .memory_repair import repair_memory
 from .overlap import original_peak
 from .placement import Placement, assemble
@@ -94,6 +95,7 @@ class _Frame:
         self.groups: list[str] = sorted({k[0] for k in keys})
         self.group_of: list[int] = [self.groups.index(k[0]) for k in keys]
         self.can_bucket: list[bool] = [bucketable(problem, lst[0]) for lst in self.lists]
+        self.feasibility = BucketFeasibility(problem, self.pl)
         self._ok: dict[Run, bool] = {}
 
     def members(self, run: Run) -> tuple[str, ...]:
@@ -110,14 +112,12 @@ class _Frame:
         return ok
 
     def _check(self, run: Run) -> bool:
-        p = self.problem
         mem = self.members(run)
         if not self.can_bucket[run[0]]:
             return False
-        if self.cap_bytes is not None and sum(p.op_by_name[m].collective.size_bytes  # type: ignore[union-attr]
-                                              for m in mem) > self.cap_bytes:
+        if self.cap_bytes is not None and bucket_size_bytes(self.problem, mem) > self.cap_bytes:
             return False
-        return not any(p.depends_on(a, b) or p.depends_on(b, a) for i, a in enumerate(mem) for b in mem[i + 1:])
+        return all(self.feasibility.independent(mem[:i], m) for i, m in enumerate(mem) if i)
 
 
 def plan_of(frame: _Frame, schedule: Schedule) -> Plan:

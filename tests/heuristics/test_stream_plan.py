@@ -26,6 +26,9 @@ def test_merges_two_reduce_scatters() -> None:
     assert simulate(p, out).makespan_ns == 1241 == brute_force(p, budget_bytes=80).best_makespan_ns
     # below the bucket's 80 bytes no plan but the lone ones fits: nothing faster than the start
     assert simulate(p, plan_search(p, base, budget_bytes=79, max_evals=50)).makespan_ns == 2140
+    # the cap counts each member's larger side (20 input bytes each): the bucket holds 40
+    assert plan_search(p, base, budget_bytes=80, cap_bytes=39, max_evals=50).buckets == ()
+    assert plan_search(p, base, budget_bytes=80, cap_bytes=40, max_evals=50).buckets
 
 
 def test_splits_a_bucket_whose_first_member_is_needed_early() -> None:
