@@ -55,7 +55,7 @@ from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
 from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, bucket_tries, far_evals, plan_evals,
-                         size_scale, warm_start, warm_start_share)
+                         size_scale, stream_bound, warm_start, warm_start_share)
 
 log = logging.getLogger(__name__)
 POLISH_SHARE = 0.02  # of a wall-clock budget, kept for the final polish (about a second of a 60 s solve)
@@ -106,6 +106,12 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
         log.warning("solve: link contention %.2f is not modelled; the simulator scores it", problem.link_contention)
     # wall-clock solves keep at least 40% of the budget for the search (15% on stream-bound graphs)
     deadline = None if config.deterministic else t0 + warm_start_share(problem) * time_budget_s
+    # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
+    # reported bound. After the warm start, whose first steps it would otherwise delay (2.4 s on the
+    # 4-node backward), except where the warm start takes STREAM_BOUND_SHARE: the 10 s solves of
+    # the 4-node backward took 10.8-11.7 s with the bound after it
+    bound_first = deadline is not None and stream_bound(problem)
+    floor_ns = makespan_lower_bound(problem, budget).makespan_ns if bound_first else 0
     # deterministic solves bound the deferral by the budget; wall-clock ones by the deadline
     scale = size_scale(problem)
     moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096
@@ -116,9 +122,8 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     h_name, h_sched = (("hint", hint) if hint is not None
                        else warm_start(problem, budget, config, deadline, moves, builds, far, bucketed, plans))
     h_res = simulate(problem, h_sched)
-    # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
-    # reported bound
-    floor_ns = makespan_lower_bound(problem, budget).makespan_ns
+    if not bound_first:
+        floor_ns = makespan_lower_bound(problem, budget).makespan_ns
     n_free = sum(op.kind is not OpKind.ZERO for op in problem.ops)
     if config.mode == "free" and n_free * (n_free - 1) // 2 > 4 * config.max_order_literals:
         frame, pairs = None, n_free * (n_free - 1) // 2  # far too large for a free frame: skip building it
