@@ -287,10 +287,8 @@ def plan_search(
     inc = simulate(problem, schedule)
     best: tuple[int, Schedule] | None = (inc.makespan_ns, schedule) if inc.peak_memory_bytes <= budget else None
     price0 = OVER_PRICE * inc.makespan_ns / max(1, budget)
-    busy = [0.0] * len(frame.groups)
-    for t in inc.collectives:
-        busy[frame.groups.index(t.group)] += t.end_ns - t.start_ns
-    weights = [b + 1.0 for b in busy]
+    busy = inc.busy_ns_by_group()
+    weights = [busy.get(g, 0) + 1.0 for g in frame.groups]
     scored: dict[Plan, tuple[float, int]] = {}  # (makespan, bytes over the budget)
 
     def score(plan: Plan, price: float, bar: float = math.inf) -> float:

@@ -78,6 +78,13 @@ class SimResult:
     def n_collectives(self) -> int:
         return len(self.collectives)
 
+    def busy_ns_by_group(self) -> dict[str, int]:
+        """Per process group, the time its stream spends running collectives."""
+        busy: dict[str, int] = {}
+        for c in self.collectives:
+            busy[c.group] = busy.get(c.group, 0) + c.end_ns - c.start_ns
+        return busy
+
     @property
     def n_hidden(self) -> int:
         return sum(c.hidden for c in self.collectives)

@@ -198,10 +198,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     if config.bucketing and not config.plan and (max_plans is None or max_plans > 0) and stream_bound(problem):
         r = simulate(problem, sched)
         if r.exposed_ns > BUCKETING_MIN_EXPOSED * r.compute_ns and (deadline is None or time.perf_counter() < deadline):
-            busy: dict[str, int] = {}
-            for c in r.collectives:
-                busy[c.group] = busy.get(c.group, 0) + c.end_ns - c.start_ns
-            share = PLAN_SHARE * min(1.0, max(busy.values(), default=0) / max(1, r.makespan_ns))
+            share = PLAN_SHARE * min(1.0, max(r.busy_ns_by_group().values(), default=0) / max(1, r.makespan_ns))
             until = None if deadline is None else time.perf_counter() + share * (deadline - time.perf_counter())
             t = time.perf_counter()
             new = plan_search(problem, sched, budget_bytes=budget_bytes, multi_dtype=config.multi_dtype,
