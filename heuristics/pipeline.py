@@ -121,6 +121,7 @@ class _Builder:
         op = self.ops[name]
         self.out.append(name)
         self.placed.add(name)
+        was_pseudo = name in self.pseudo
         self.pseudo.discard(name)
         if op.kind is OpKind.WAIT:
             members = self.bucket_of.get(op.waits_on, (op.waits_on,))  # type: ignore[arg-type]
@@ -130,7 +131,8 @@ class _Builder:
                 self.t += copy_out_ns(self.p, members)
             return  # already counted off for its users when it became pseudo-ready
         self.t += op.runtime_ns if op.kind is OpKind.COMPUTE else 0
-        self._satisfied(name)
+        if not was_pseudo:  # a pseudo op was counted off for its users when it became pseudo-ready
+            self._satisfied(name)
 
     def _place_with_needs(self, name: str) -> None:
         for d in self._need(name)[1]:

@@ -8,7 +8,7 @@ from fxsched.heuristics.critical_path import bottom_levels, critical_path_order,
 from fxsched.heuristics.overlap import original_peak, overlap_schedule
 from fxsched.solver import Schedule, check_schedule, simulate
 
-from tests.solver.solver_builders import AG, AR, RS, coll, compute, make_problem, storage, wait
+from tests.solver.solver_builders import AG, AR, RS, coll, compute, make_problem, storage, wait, zero
 from tests.solver.tiny_instances import tiny_problems
 
 
@@ -118,3 +118,26 @@ def test_valid_never_worse_within_budget(p) -> None:
     assert r.makespan_ns <= r0.makespan_ns
     assert r.peak_memory_bytes <= budget
 
+
+
+def test_a_view_behind_a_wait_counts_once_for_its_users() -> None:
+    """x reads z (a view behind w1) and y (a view behind w2, whose collective c2 needs v). z is
+    counted off for x when w1's collective is issued; placing z (for u) must not count it off
+    again, or x looks ready before y exists and runs ahead of it. c3 (100) holds v back to 100,
+    so u and x (10 each) both fit in its stall: the order is valid only if x waits for y."""
+    p = make_problem([
+        coll("c3", "B", AG, runtime_ns=100),
+        wait("w3", "c3"),
+        compute("v", 10, deps=["w3"]),
+        coll("c1", "A", AG, runtime_ns=0),
+        wait("w1", "c1"),
+        zero("z", deps=["w1"]),
+        compute("u", 10, deps=["z"]),
+        coll("c2", "A", AG, runtime_ns=5, deps=["v"]),
+        wait("w2", "c2"),
+        zero("y", deps=["w2"]),
+        compute("x", 10, deps=["z", "y"]),
+    ])
+    out = critical_path_order(p, Schedule.original(p))
+    assert check_schedule(p, out) == []
+    assert out.order.index("x") > out.order.index("y")
