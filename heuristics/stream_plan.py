@@ -28,9 +28,15 @@ before that slot nothing changed, so no wait stalls). A plan that would beat the
 lies a little over the budget (at the start of a backward, the loss gradient's temporaries meet
 the first prefetched gathers) is repaired (memory_repair.py: issues later, waits earlier).
 
-On the 4-node backward (budget: the original order's peak; 2 cores) 1,500 plans (30-40 s) take
-the greedy bucketer's 175.9 ms to 160.5-161.1 ms (two seeds), where the bucket shifts stop at
-168.2 ms.
+The annealing starts from the **coarse plan** (:func:`coarse_plan`: each list cut into a few runs of
+equal bytes) that scores best, priced memory included, and falls back to the given schedule's plan
+if it has found nothing within the budget faster than the given schedule after ``COARSE_SHARE`` of
+the search. From the given plan, the merges toward few large buckets each go over the budget alone.
+
+On the 4-node backward (budget: the original order's peak; 2 cores), from the greedy bucketer's
+175.9 ms (the bucket shifts stop at 168.2 ms), 1,500 plans (20-30 s) reach 161.2, 161.5, 161.0 and
+162.2 ms (seeds 0-3) from the coarse start (5 runs a list: 170.9 ms at 1.066 times the budget), and
+166.3, 161.1, 160.5 and 164.1 ms from the given plan.
 
 Nothing here imports torch or ortools.
 """
@@ -64,14 +70,18 @@ T_START, T_END = 0.003, 1e-4  # annealing temperature, as shares of the incumben
 MAX_SHIFT = 4  # most collectives a boundary move carries across
 REPAIR_SIMULATIONS = 12  # simulator calls a memory repair of a plan over the budget may take
 REPAIR_OVER = 0.05  # and only of one at most this share over it
-# plans after which a search that has not beaten its start gives up: on the 4-node backward the
-# first 100 gain 5.4 ms; on the tp and tp_2x4 backwards (not stream-bound) 450 plans in 7-9 s gained
+# plans after which a search that has beaten neither the given schedule nor (over the budget, priced)
+# its score gives up: on the tp and tp_2x4 backwards (not stream-bound) 450 plans in 7-9 s gained
 # nothing, time the reordering steps after it need
 GIVE_UP_EVALS = 150
 # a byte over the memory budget costs this share of the incumbent's makespan per byte of budget (1%
 # over costs 1.6% of the makespan): the search may cross plans over the budget on its way
 OVER_PRICE = 1.6
 REJECT_TEMPERATURES = 12  # a plan slower than the current by this many temperatures is rejected unseen
+COARSE_PIECES = tuple(range(1, 13))  # runs per list of the coarse plans scored as starts (coarse_plan)
+# share of the search after which one that started from a coarse plan and has found nothing within the
+# budget faster than the given schedule goes back to the given schedule's plan
+COARSE_SHARE = 0.35
 
 
 class _Frame:
@@ -143,6 +153,29 @@ def plan_of(frame: _Frame, schedule: Schedule) -> Plan:
                 seq[k] = r
         plan.append(tuple(seq))
     return tuple(plan)
+
+
+def coarse_plan(frame: _Frame, pieces: int) -> Plan:
+    """Each bucketable list cut into about ``pieces`` runs of equal bytes (a run also ends where
+    the next member would make it no valid bucket), each group's runs in the order compute needs
+    them: the few-large-buckets end of the plan space, which merges from a finer plan seldom reach
+    when each merge alone goes over the memory budget."""
+    units = frame.pl.units
+    ops = frame.problem.op_by_name
+    per_group: list[list[Run]] = [[] for _ in frame.groups]
+    for li, lst in enumerate(frame.lists):
+        sizes = [ops[m].collective.size_bytes for m in lst]  # type: ignore[union-attr]
+        target = sum(sizes) / pieces if frame.can_bucket[li] else 0
+        runs = per_group[frame.group_of[li]]
+        lo, acc = 0, 0
+        for i, size in enumerate(sizes):
+            if i > lo and (acc >= target or not frame.valid((li, lo, i + 1))):
+                runs.append((li, lo, i))
+                lo, acc = i, 0
+            acc += size
+        runs.append((li, lo, len(lst)))
+    return tuple(tuple(sorted(runs, key=lambda r: (min(units[m].need for m in frame.members(r)), r)))
+                 for runs in per_group)
 
 
 @dataclass(frozen=True)
@@ -278,7 +311,9 @@ def plan_search(
     annealing over stream plans (module doc) reaches from ``schedule``'s, or ``schedule`` itself
     when none is faster. It scores ``max_evals`` plans (default: ``DEFAULT_EVALS`` when no
     ``deadline`` is given), stopping at a ``time.perf_counter()`` ``deadline``; the temperature
-    falls with the share of either spent. Deterministic for a given ``seed`` without a deadline."""
+    falls with the share of either spent; the coarse plans scored first count toward ``max_evals``
+    (none are scored when it is below twice their number). Deterministic for a given ``seed``
+    without a deadline."""
     budget = budget_bytes if budget_bytes is not None else original_peak(problem)
     if max_evals is None and deadline is None:
         max_evals = DEFAULT_EVALS
@@ -319,7 +354,19 @@ def plan_search(
     rng = random.Random(seed)
     plan = plan_of(frame, schedule)
     cur = score(plan, price0)
-    evals = tries = 0
+    given_plan, given = plan, cur
+    coarse_pieces = COARSE_PIECES if max_evals is None or max_evals >= 2 * len(COARSE_PIECES) else ()
+    start, start_score = plan, math.inf
+    for pieces in coarse_pieces:  # the annealing starts from the best coarse plan (coarse_plan)
+        coarse = coarse_plan(frame, pieces)
+        v = score(coarse, price0)
+        if v < start_score:
+            start, start_score = coarse, v
+    plan_from_coarse = math.isfinite(start_score)
+    if plan_from_coarse:
+        plan, cur = start, start_score
+    least = cur  # the least score the annealing has reached
+    evals, tries = len(coarse_pieces), 0  # the coarse plans count as scored
     while max_evals is None or evals < max_evals:
         now = time.perf_counter()
         if deadline is not None and now >= deadline:
@@ -327,7 +374,7 @@ def plan_search(
         tries += 1
         if tries > 50 * (evals + 1) + 1000:  # no move applies any more
             break
-        if evals >= GIVE_UP_EVALS and (best is None or best[1] is schedule):
+        if evals >= GIVE_UP_EVALS and (best is None or best[1] is schedule) and least >= given:
             log.info("plan_search %s: no plan beat the start in %d plans; giving up", problem.name, evals)
             break
         if max_evals is not None:
@@ -335,6 +382,8 @@ def plan_search(
         else:
             assert deadline is not None
             share = min(1.0, (now - t0) / max(1e-9, deadline - t0))
+        if plan_from_coarse and share >= COARSE_SHARE and (best is None or best[1] is schedule):
+            plan, cur, plan_from_coarse = given_plan, given, False  # the coarse start found nothing: back
         temp = T_START * inc.makespan_ns * (T_END / T_START) ** share
         cand = _neighbour(frame, plan, rng, weights)
         if cand is None:
@@ -343,6 +392,7 @@ def plan_search(
         v = score(cand, price0, cur + REJECT_TEMPERATURES * temp)
         if v <= cur or (math.isfinite(v) and rng.random() < math.exp((cur - v) / temp)):
             plan, cur = cand, v
+            least = min(least, cur)
         if evals % 500 == 0:
             log.debug("plan_search: %d plans, temperature %.0f ns, current %.0f, best %s", evals, temp, cur,
                       best and best[0])

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 from fxsched.heuristics.overlap import overlap_schedule
-from fxsched.heuristics.stream_plan import _Frame, plan_of, plan_search, realize
+from fxsched.heuristics.stream_plan import _Frame, coarse_plan, plan_of, plan_search, realize
 from fxsched.solver import Schedule, ScheduleProblem, check_schedule, simulate
 
 from tests.heuristics.checks import assert_valid_never_worse
 from tests.heuristics.test_bucket_shift import _problem, two_gathers, two_gradients
 from tests.solver.oracle import brute_force
-from tests.solver.solver_builders import compute, storage, wait
+from tests.solver.solver_builders import RS, coll, compute, storage, wait
 from tests.solver.tiny_instances import tiny_problems
 
 
@@ -115,7 +115,7 @@ def test_improves_somewhere() -> None:
 
 def test_gives_up_when_nothing_beats_the_start(monkeypatch) -> None:
     """From two_gathers' optimum (6120 ns apart, the oracle's), no plan is faster: the search stops
-    after GIVE_UP_EVALS scored moves however many it was given."""
+    after GIVE_UP_EVALS scored plans however many it was given."""
     import fxsched.heuristics.stream_plan as sp
 
     p = two_gathers()
@@ -132,4 +132,48 @@ def test_gives_up_when_nothing_beats_the_start(monkeypatch) -> None:
 
     monkeypatch.setattr(sp, "_neighbour", counted)
     assert plan_search(p, base, budget_bytes=1 << 20, max_evals=10_000) is base
-    assert len(moves) == sp.GIVE_UP_EVALS
+    assert len(moves) == sp.GIVE_UP_EVALS - len(sp.COARSE_PIECES)  # the coarse plans count as scored
+
+
+def four_gradients(sizes: tuple[int, ...] = (10, 10, 20, 20)) -> ScheduleProblem:
+    """a_i (100 ns) makes g_i, reduce-scattered by r_i (``sizes[i]`` input bytes); waits at the end."""
+    n = len(sizes)
+    ops = []
+    for i, size in enumerate(sizes, 1):
+        ops += [compute(f"a{i}", 100, allocates=[f"g{i}"]),
+                coll(f"r{i}", kind=RS, runtime_ns=1000, bytes_in=size, deps=[f"a{i}"], uses=[f"g{i}"])]
+    ops += [wait(f"w{i}", f"r{i}") for i in range(1, n + 1)]
+    return _problem(ops, [storage(f"g{i}", s) for i, s in enumerate(sizes, 1)])
+
+
+def test_coarse_plan_cuts_equal_bytes() -> None:
+    """60 bytes in r1..r4 (10, 10, 20, 20); a run closes once it holds the target. Two pieces (30):
+    r1 r2 r3 (40), r4. Three (20): r1 r2, r3, r4. One: all four."""
+    frame = _Frame(four_gradients(), multi_dtype=False, cap_bytes=None)
+    assert frame.lists == [("r1", "r2", "r3", "r4")]
+    assert coarse_plan(frame, 2) == (((0, 0, 3), (0, 3, 4)),)
+    assert coarse_plan(frame, 3) == (((0, 0, 2), (0, 2, 3), (0, 3, 4)),)
+    assert coarse_plan(frame, 1) == (((0, 0, 4),),)
+
+
+def test_coarse_plan_closes_a_run_the_cap_refuses() -> None:
+    """A 30-byte cap: r1 r2 (20) fits, r1 r2 r3 (40) does not, nor r3 r4 (40): r1 r2, r3, r4."""
+    frame = _Frame(four_gradients(), multi_dtype=False, cap_bytes=30)
+    assert coarse_plan(frame, 1) == (((0, 0, 2), (0, 2, 3), (0, 3, 4)),)
+
+
+def test_anneals_from_the_coarse_plan_and_falls_back(monkeypatch) -> None:
+    """two_gradients at a 79-byte budget: the one bucket (1241 ns, 80 bytes) is a byte over, priced
+    below the lone reduce-scatters (2140 ns), so the annealing starts there. Nothing within the
+    budget beats the start, so after COARSE_SHARE of its plans it goes back to the given plan,
+    and it returns the given schedule."""
+    import fxsched.heuristics.stream_plan as sp
+
+    p = two_gradients()
+    base = Schedule.original(p)
+    seen: list[object] = []
+    real = sp._neighbour
+    monkeypatch.setattr(sp, "_neighbour", lambda frame, plan, *a: seen.append(plan) or real(frame, plan, *a))
+    assert plan_search(p, base, budget_bytes=79, max_evals=40) is base
+    assert seen[0] == (((0, 0, 2),),)
+    assert (((0, 0, 1), (0, 1, 2)),) in seen[1:]
