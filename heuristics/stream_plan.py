@@ -351,20 +351,20 @@ def plan_search(
             best = (res.makespan_ns, sched)
         return res.makespan_ns + price * over
 
+    def found_nothing() -> bool:
+        """Whether no plan within the budget has beaten the given schedule yet."""
+        return best is None or best[1] is schedule
+
     rng = random.Random(seed)
     plan = plan_of(frame, schedule)
     cur = score(plan, price0)
     given_plan, given = plan, cur
     coarse_pieces = COARSE_PIECES if max_evals is None or max_evals >= 2 * len(COARSE_PIECES) else ()
-    start, start_score = plan, math.inf
-    for pieces in coarse_pieces:  # the annealing starts from the best coarse plan (coarse_plan)
-        coarse = coarse_plan(frame, pieces)
-        v = score(coarse, price0)
-        if v < start_score:
-            start, start_score = coarse, v
-    plan_from_coarse = math.isfinite(start_score)
+    # the annealing starts from the best coarse plan (coarse_plan); scores are cached, so min scores once
+    start = min((coarse_plan(frame, k) for k in coarse_pieces), key=lambda c: score(c, price0), default=None)
+    plan_from_coarse = start is not None and math.isfinite(score(start, price0))
     if plan_from_coarse:
-        plan, cur = start, start_score
+        plan, cur = start, score(start, price0)
     least = cur  # the least score the annealing has reached
     evals, tries = len(coarse_pieces), 0  # the coarse plans count as scored
     while max_evals is None or evals < max_evals:
@@ -374,7 +374,7 @@ def plan_search(
         tries += 1
         if tries > 50 * (evals + 1) + 1000:  # no move applies any more
             break
-        if evals >= GIVE_UP_EVALS and (best is None or best[1] is schedule) and least >= given:
+        if evals >= GIVE_UP_EVALS and found_nothing() and least >= given:
             log.info("plan_search %s: no plan beat the start in %d plans; giving up", problem.name, evals)
             break
         if max_evals is not None:
@@ -382,7 +382,7 @@ def plan_search(
         else:
             assert deadline is not None
             share = min(1.0, (now - t0) / max(1e-9, deadline - t0))
-        if plan_from_coarse and share >= COARSE_SHARE and (best is None or best[1] is schedule):
+        if plan_from_coarse and share >= COARSE_SHARE and found_nothing():
             plan, cur, plan_from_coarse = given_plan, given, False  # the coarse start found nothing: back
         temp = T_START * inc.makespan_ns * (T_END / T_START) ** share
         cand = _neighbour(frame, plan, rng, weights)
@@ -399,7 +399,7 @@ def plan_search(
     log.debug("plan_search: last plan %s %s", plan, scored.get(plan))
     log.info("plan_search %s: %d plans in %.1f s; %s", problem.name, evals, time.perf_counter() - t0,
              "none within the budget" if best is None else f"best {best[0]} ns (from {inc.makespan_ns})")
-    if best is None or best[1] is schedule:
+    if best is None or found_nothing():
         return schedule
     return _checked(problem, best[1], schedule)
 
