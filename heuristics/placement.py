@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..solver.problem import OpKind, ScheduleProblem, topological_order
+from ..solver.problem import OpKind, ProblemError, ScheduleProblem
 from ..solver.schedule import Schedule
 
 
@@ -180,6 +180,18 @@ class Placement:
         return out
 
     @cached_property
+    def item_keys(self) -> dict[str, tuple[bool, str, int]]:
+        """Per collective and wait: (is a wait, the collective whose priority orders it, original
+        index), what :func:`assemble` orders the items of a slot by."""
+        p = self.problem
+        out: dict[str, tuple[bool, str, int]] = {}
+        for c in self.units:
+            w = p.wait_of[c]
+            out[c] = (False, c, p.index[c])
+            out[w] = (True, c, p.index[w])
+        return out
+
+    @cached_property
     def original_slots(self) -> tuple[dict[str, int], dict[str, int]]:
         """(issue, wait) slots that reproduce the original positions as closely as the frame allows."""
         issue, wait = {}, {}
@@ -221,51 +233,122 @@ def assemble(
     prio = priority or {}
     issue, wait = dict(issue), dict(wait)
     placement.reconcile(issue, wait, buckets)
-    at: list[list[str]] = [[] for _ in range(placement.n_slots)]
+    at: dict[int, list[str]] = {}  # the slots that hold items, and their items
     for c, unit in placement.units.items():
         s, w = issue[c], wait[c]
         if not unit.earliest <= s <= w <= unit.need:
             raise ValueError(f"collective {c!r}: slots issue {s}, wait {w} outside [{unit.earliest}, {unit.need}]")
-        at[s].append(c)
-        at[w].append(p.wait_of[c])
-    # item -> items that must precede it (when in its slot)
-    before: dict[str, set[str]] = {n: set(d) for n, d in placement.block_deps.items()}
-    for b in buckets:
-        for m in b:
-            before[p.wait_of[m]].update(b)
-    def own_key(n: str) -> tuple[bool, int, int]:
-        return (p.op_by_name[n].kind is OpKind.WAIT, prio.get(p.op_by_name[n].waits_on or n, 0), p.index[n])
+        at.setdefault(s, []).append(c)
+        at.setdefault(w, []).append(p.wait_of[c])
+    # what must precede an item of a slot: the frame's block dependencies, and for the wait of a
+    # bucket's member every member (each bucket is one group of those edges, kept as a group)
+    bucket_of = {m: g for g, b in enumerate(buckets) for m in b}
+    static = placement.item_keys
 
+    def own_key(n: str) -> tuple[bool, int, int]:
+        is_wait, prio_of, index = static[n]
+        return (is_wait, prio.get(prio_of, 0), index)
+
+    units, backbone = placement.units, placement.backbone
     order: list[str] = []
-    for k, items in enumerate(at):
+    done = 0  # backbone ops placed: slot k comes right before backbone op k
+    for k in sorted(at):
+        order.extend(backbone[done:k])
+        done = k
+        items = at[k]
         if len(items) == 1:
-            n = items[0]
-            order.extend((*placement.units[n].chain, n) if n in placement.units else (n,))
-        elif items:
-            # a wait that a block needs goes as soon as that block would (it must precede it)
-            key = {n: own_key(n) for n in items}
-            changed = True
-            while changed:
-                changed = False
-                for n in items:
-                    for d in before.get(n, ()):
-                        if d in key and key[n] < key[d]:
-                            key[d], changed = key[n], True
-            soft = {n: set(issue_after.get(n, ())) for n in items} if issue_after else {}
+            ordered = items
+        else:
+            slot = _Slot(items, placement.block_deps, bucket_of, static, own_key)
+            soft = {n: frozenset(issue_after.get(n, ())) for n in items} if issue_after else None
             try:  # issue_after edges are preferences: drop them if they close a cycle
-                ordered = _local_topo(items, {n: before.get(n, set()) | soft.get(n, set()) for n in items},
-                                      key.__getitem__)
+                ordered = slot.order(soft)
             except ValueError:
-                ordered = _local_topo(items, before, key.__getitem__)
-            for n in ordered:
-                order.extend((*placement.units[n].chain, n) if n in placement.units else (n,))
-        if k < len(placement.backbone):
-            order.append(placement.backbone[k])
+                ordered = slot.order(None)
+        for n in ordered:
+            if n in units:
+                order.extend(units[n].chain)
+            order.append(n)
+    order.extend(backbone[done:])
     return Schedule(order=tuple(order), buckets=tuple(tuple(b) for b in buckets), multi_dtype=multi_dtype)
 
 
-def _local_topo(items: list[str], before: Mapping[str, set[str]], key) -> list[str]:  # noqa: ANN001
-    """Order ``items`` so that each comes after those of ``before[item]`` present here,
-    smallest ``key`` first when free (raises ProblemError, a ValueError, on a cycle)."""
-    present = set(items)
-    return topological_order(items, {n: [d for d in before.get(n, ()) if d in present] for n in items}, key)
+class _Slot:
+    """The items (blocks and waits) that :func:`assemble` puts in one slot, and their order.
+
+    Each item follows its block dependencies present here; a bucket member's wait follows every
+    member of that bucket present here (one group of edges per bucket, counted down as a whole,
+    so a bucket of ``k`` members costs ``O(k)``, not ``k**2`` edges). Keys: each item's own,
+    lowered to the least key of the items that must follow it (a wait that a block needs goes
+    as soon as that block would); among the items free to go, the least key goes first."""
+
+    def __init__(self, items: list[str], block_deps: Mapping[str, frozenset[str]], bucket_of: Mapping[str, int],
+                 static: Mapping[str, tuple[bool, str, int]], own_key) -> None:  # noqa: ANN001
+        self.items = items
+        present = set(items)
+        self.deps = {n: block_deps.get(n, frozenset()) & present for n in items}
+        self.members: dict[int, list[str]] = {}  # per bucket: its members here
+        self.waits: dict[int, list[str]] = {}  # per bucket: its members' waits here
+        for n in items:
+            is_wait, coll, _ = static[n]
+            g = bucket_of.get(coll)
+            if g is not None:
+                (self.waits if is_wait else self.members).setdefault(g, []).append(n)
+        key = {n: own_key(n) for n in items}
+        changed = True
+        while changed:
+            changed = False
+            for n in items:
+                for d in self.deps[n]:
+                    if key[n] < key[d]:
+                        key[d], changed = key[n], True
+            for g, waits in self.waits.items():
+                least = min(key[w] for w in waits)
+                for m in self.members.get(g, ()):
+                    if least < key[m]:
+                        key[m], changed = least, True
+        self.key = key
+
+    def order(self, soft: Mapping[str, frozenset[str]] | None) -> list[str]:
+        """Kahn's algorithm, least key first (then name) among the free items, with ``soft[n]``
+        as extra predecessors of ``n``; raises ProblemError (a ValueError) on a cycle."""
+        items, key = self.items, self.key
+        present = set(items)
+        indeg = dict.fromkeys(items, 0)
+        users: dict[str, list[str]] = {n: [] for n in items}
+        group_wait = {w: g for g, waits in self.waits.items() if self.members.get(g) for w in waits}
+        left = {g: len(self.members[g]) for g in set(group_wait.values())}
+        member_group = {m: g for g in left for m in self.members[g]}
+        for n in items:
+            preds = self.deps[n] | (soft[n] & present) if soft else self.deps[n]
+            g = group_wait.get(n)
+            if g is not None:
+                preds = preds.difference(self.members[g])
+                indeg[n] += 1  # the group: all of its members here
+            indeg[n] += len(preds)
+            for d in preds:
+                users[d].append(n)
+        heap = [(key[n], n) for n in items if indeg[n] == 0]
+        heapq.heapify(heap)
+        out: list[str] = []
+
+        def release(u: str) -> None:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, (key[u], u))
+
+        while heap:
+            _, n = heapq.heappop(heap)
+            out.append(n)
+            for u in users[n]:
+                release(u)
+            g = member_group.get(n)
+            if g is not None:
+                left[g] -= 1
+                if left[g] == 0:
+                    for w in self.waits[g]:
+                        release(w)
+        if len(out) != len(items):
+            stuck = next(n for n in items if indeg[n] > 0)
+            raise ProblemError(f"cycle through node {stuck!r}")
+        return out

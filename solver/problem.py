@@ -280,6 +280,12 @@ class ScheduleProblem:
         return {k: tuple(v) for k, v in out.items()}
 
     @cached_property
+    def derived(self) -> dict[str, Any]:
+        """Tables other modules derive from the problem once and keep here, by key (the problem
+        is immutable, so they never go stale): the simulator's arrays, say."""
+        return {}
+
+    @cached_property
     def timed_compute_mask(self) -> int:
         """Bitset of the compute ops that take time (original index): what can hide a collective."""
         m = 0

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .problem import OpKind, ScheduleProblem
+from .sim_tables import sim_tables
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,13 @@ class BucketPlacement:
 
 
 def check_schedule(problem: ScheduleProblem, schedule: Schedule) -> list[Violation]:
-    """Every way ``schedule`` breaks the execution model; empty when it is valid."""
+    """Every way ``schedule`` breaks the execution model; empty when it is valid.
+
+    An order that holds every op once, after its dependencies (the common case: every search
+    checks each candidate), is recognised with array operations; any other is walked op by op
+    to name each violation."""
+    if sim_tables(problem).is_complete_topological(problem, schedule.order):
+        return _check_buckets(problem, schedule, dict(zip(schedule.order, range(len(schedule.order)))))
     out: list[Violation] = []
     ops = problem.op_by_name
     pos: dict[str, int] = {}
@@ -127,11 +134,12 @@ def _check_buckets(problem: ScheduleProblem, schedule: Schedule, pos: dict[str, 
             if key != key0:
                 out.append(Violation(ViolationKind.MIXED_BUCKET_KEY, m,
                                      f"bucket {b}: {m!r} has key {key}, {colls[0]!r} has {key0}"))
-        for i, a in enumerate(colls):
-            for c in colls[i + 1:]:
-                if problem.depends_on(a, c) or problem.depends_on(c, a):
-                    out.append(Violation(ViolationKind.DEPENDENT_BUCKET_MEMBERS, c,
-                                         f"bucket {b}: {a!r} and {c!r} depend on each other"))
+        if _dependent_members(problem, colls):
+            for i, a in enumerate(colls):
+                for c in colls[i + 1:]:
+                    if problem.depends_on(a, c) or problem.depends_on(c, a):
+                        out.append(Violation(ViolationKind.DEPENDENT_BUCKET_MEMBERS, c,
+                                             f"bucket {b}: {a!r} and {c!r} depend on each other"))
         if all(m in pos for m in colls) and all(problem.wait_of[m] in pos for m in colls):
             issue = max(colls, key=lambda m: pos[m])
             for m in colls:
@@ -141,6 +149,16 @@ def _check_buckets(problem: ScheduleProblem, schedule: Schedule, pos: dict[str, 
                                          f"bucket {b}: wait {w!r} at {pos[w]} comes before member "
                                          f"{issue!r} is issued at {pos[issue]}"))
     return out
+
+
+def _dependent_members(problem: ScheduleProblem, members: list[str]) -> bool:
+    """Whether some member of ``members`` depends on another (one pass over their ancestor sets;
+    the caller then names the pairs)."""
+    index, ancestors = problem.index, problem.ancestors
+    mask = 0
+    for m in members:
+        mask |= 1 << index[m]
+    return any(ancestors[index[m]] & mask for m in members)
 
 
 def issued_units(problem: ScheduleProblem, schedule: Schedule) -> list[tuple[str, ...]]:
@@ -154,7 +172,7 @@ def placements(problem: ScheduleProblem, schedule: Schedule) -> list[BucketPlace
 
     Assumes ``schedule`` is valid (see :func:`check_schedule`).
     """
-    pos = {name: i for i, name in enumerate(schedule.order)}
+    pos = dict(zip(schedule.order, range(len(schedule.order))))
     out = []
     for members in issued_units(problem, schedule):
         ordered = tuple(sorted(members, key=problem.index.__getitem__))

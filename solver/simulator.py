@@ -24,8 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .problem import OpKind, ScheduleProblem
+import numpy as np
+
+from .problem import ScheduleProblem
 from .schedule import BucketPlacement, Schedule, ScheduleError, check_schedule, placements
+from .sim_tables import sim_tables
 
 _NEVER = 1 << 62
 
@@ -117,7 +120,7 @@ def simulate(problem: ScheduleProblem, schedule: Schedule | None = None, *, chec
         exposed_ns=exposed,
         compute_ns=compute,
         comm_ns=sum(t.runtime_ns for t in timings),
-        peak_memory_bytes=max([initial, *curve]),
+        peak_memory_bytes=max(initial, max(curve, default=initial)),
         initial_memory_bytes=initial,
         memory_curve=tuple(curve),
         collectives=tuple(timings),
@@ -166,26 +169,30 @@ def timed_clocks(problem: ScheduleProblem, schedule: Schedule) -> tuple[list[Col
 def _timeline(
     problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement], clocks: list[int] | None = None
 ) -> tuple[list[CollectiveTiming], int, int, int]:
+    """Every issued collective's timing, the makespan, the compute time and the exposed time
+    (and, into ``clocks``, the compute-stream clock after each position).
+
+    The compute clock is a running sum of op runtimes plus what the issues and waits add (copies,
+    stalls): only those events are walked, in program order."""
+    tables = sim_tables(problem)
     ops = problem.op_by_name
     hide = _Hideability(problem)
-    issue_at = {p.issue_pos: p for p in places}
-    wait_at = {p.wait_pos: p for p in places}
+    at, _ = tables.positions(problem, schedule.order)
+    ran = np.cumsum(tables.runtime[at])  # compute and zero-cost ops' time through each position
+    events = sorted([(p.issue_pos, p) for p in places] + [(p.wait_pos, p) for p in places], key=lambda e: e[0])
+    added = np.zeros(len(at), dtype=np.int64) if clocks is not None else None  # copies and stalls per position
     group_free: dict[str, int] = {}
     running: list[tuple[str, int, int]] = []  # (group, start, end) of every issued collective
     started: dict[tuple[str, ...], tuple[int, int, int]] = {}
     timings: list[CollectiveTiming] = []
-    t = compute = exposed = 0
-    for i, name in enumerate(schedule.order):
-        op = ops[name]
-        if op.kind in (OpKind.COMPUTE, OpKind.ZERO):
-            t += op.runtime_ns
-            compute += op.runtime_ns
-        elif i in issue_at:
-            p = issue_at[i]
+    offset = copies = exposed = 0  # offset: copies and stalls so far, on top of ``ran``
+    for i, p in events:
+        t = int(ran[i]) + offset
+        if i == p.issue_pos:
             copy = copy_in_ns(problem, p.members)
             t += copy
-            compute += copy
-            group = op.collective.group  # type: ignore[union-attr]
+            step = copy
+            group = ops[p.members[0]].collective.group  # type: ignore[union-attr]
             start = max(t, group_free.get(group, 0))
             runtime = problem.bucket_runtime_ns(p.members)
             if problem.link_contention and any(
@@ -196,27 +203,28 @@ def _timeline(
             group_free[group] = end
             running.append((group, start, end))
             started[p.members] = (t, start, end)
-        elif i in wait_at:
-            p = wait_at[i]
+        else:
             issue_ns, start, end = started[p.members]
             stall = max(0, end - t)
-            wait_ns = t
-            t += stall
             exposed += stall
             first = ops[p.members[0]].collective
             assert first is not None
             copy = copy_out_ns(problem, p.members)
-            t += copy
-            compute += copy
+            step = stall + copy
             timings.append(CollectiveTiming(
                 members=p.members, group=first.group, issue_pos=p.issue_pos, wait_pos=p.wait_pos,
-                issue_ns=issue_ns, start_ns=start, end_ns=end, wait_ns=wait_ns, exposed_ns=stall,
+                issue_ns=issue_ns, start_ns=start, end_ns=end, wait_ns=t, exposed_ns=stall,
                 hideable=hide(p.members),
             ))
-        if clocks is not None:
-            clocks.append(t)
+        copies += copy
+        offset += step
+        if added is not None:
+            added[i] += step
+    if clocks is not None and added is not None:
+        clocks.extend((ran + np.cumsum(added)).tolist())
     timings.sort(key=lambda c: c.issue_pos)
-    return timings, t, compute, exposed
+    total = int(ran[-1]) if len(ran) else 0
+    return timings, total + offset, total + copies, exposed
 
 
 class _Hideability:
@@ -236,78 +244,61 @@ class _Hideability:
 def memory_curve(
     problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement] | None = None
 ) -> tuple[int, list[int]]:
-    """(initial memory, memory at each program position) for a valid schedule."""
+    """(initial memory, memory at each program position) for a valid schedule.
+
+    A storage is live from the position that allocates it (-1: an input, live from the start)
+    through its last use: its allocator's position, or for a collective's output its issue (a
+    lone collective, a reduce_scatter/all_reduce bucket) or its bucket's wait (all_gather/
+    all_to_all buckets copy out there); its last use, the last position that reads it, or for
+    a collective's input its wait (alone) or its bucket's issue (the copy-in). A lone
+    collective's outputs stay live until its wait; a bucket's flat buffers live from its issue
+    to its wait; the outputs of a bucket that does not copy out are views of one buffer, freed
+    together. Computed as array operations over :mod:`.sim_tables`."""
     places = placements(problem, schedule) if places is None else places
-    ops = problem.op_by_name
+    tables = sim_tables(problem)
+    index = problem.index
     n = len(schedule.order)
-    pos = {name: i for i, name in enumerate(schedule.order)}
-    place_of = {m: p for p in places for m in p.members}
-    alloc: dict[str, int] = {s.name: -1 for s in problem.storages if s.is_input}
-    last_use: dict[str, int] = {}
+    _, pos = tables.positions(problem, schedule.order)
+    use_at, out_at = pos.copy(), pos.copy()  # per op: the position its reads count at / its outputs appear
+    late: list[tuple[np.ndarray, int]] = []  # a lone collective's outputs: live until its wait
     extra: list[tuple[int, int, int]] = []  # (size, alloc_pos, free_pos) of bucket buffers
-    merged_outputs: list[list[str]] = []
-
-    for name, i in pos.items():
-        op = ops[name]
-        use_at = i
-        if op.kind is OpKind.COLLECTIVE:
-            p = place_of[name]
-            info = op.collective
-            assert info is not None
-            if len(p.members) == 1:
-                use_at = p.wait_pos  # inputs stay live until the wait
-                out_at = i
-                for s in op.allocates:  # the comm stream writes its outputs until the wait
-                    last_use[s] = max(last_use.get(s, -2), p.wait_pos)
-            else:
-                use_at = p.issue_pos  # the copy-in reads them
-                out_at = p.wait_pos if info.kind.bucket_copies_out else p.issue_pos
-            for s in op.allocates:
-                alloc[s] = out_at
-        else:
-            for s in op.allocates:
-                alloc[s] = i
-        for s in op.uses:
-            if last_use.get(s, -2) < use_at:
-                last_use[s] = use_at
-
+    merged: list[np.ndarray] = []  # outputs of a bucket that does not copy out: freed together
+    ops = problem.op_by_name
     for p in places:
-        if len(p.members) == 1:
+        idx = [index[m] for m in p.members]
+        if len(idx) == 1:
+            use_at[idx[0]] = p.wait_pos
+            late.append((tables.allocates[idx[0]], p.wait_pos))
             continue
         infos = [ops[m].collective for m in p.members]
+        copies_out = infos[0].kind.bucket_copies_out  # type: ignore[union-attr]
+        use_at[idx] = p.issue_pos
+        out_at[idx] = p.wait_pos if copies_out else p.issue_pos
         extra.append((sum(c.bytes_in for c in infos), p.issue_pos, p.wait_pos))  # type: ignore[union-attr]
-        if infos[0].kind.bucket_copies_out:  # type: ignore[union-attr]
+        if copies_out:
             extra.append((sum(c.bytes_out for c in infos), p.issue_pos, p.wait_pos))  # type: ignore[union-attr]
-        else:  # member outputs are views of one flat buffer: freed together
-            merged_outputs.append([s for m in p.members for s in ops[m].allocates])
-
-    free: dict[str, int] = {}
-    for s in problem.storages:
-        a = alloc[s.name]
-        free[s.name] = _NEVER if s.never_freed else max(a, last_use.get(s.name, a))
-    for names in merged_outputs:
-        if not names:
-            continue
-        f = max(free[s] for s in names)
-        for s in names:
-            free[s] = f
-
-    delta = [0] * (n + 1)
-    initial = 0
-    for s in problem.storages:
-        _add(delta, s.size_bytes, alloc[s.name], free[s.name])
-        if s.is_input:
-            initial += s.size_bytes
+        else:
+            merged.append(np.concatenate([tables.allocates[i] for i in idx]))
+    last = np.full(len(tables.size), -2, dtype=np.int64)
+    if len(tables.read):
+        last[tables.read] = np.maximum.reduceat(use_at[tables.use_op], tables.read_starts)
+    for storages, w in late:
+        last[storages] = np.maximum(last[storages], w)
+    alloc = np.where(tables.alloc_op >= 0, out_at[np.maximum(tables.alloc_op, 0)], -1)
+    free = np.where(tables.never_freed, _NEVER, np.maximum(alloc, np.where(last == -2, alloc, last)))
+    for group in merged:
+        if len(group):
+            free[group] = free[group].max()
+    delta = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(delta, np.maximum(alloc, 0), tables.size)
+    freed = free != _NEVER
+    np.add.at(delta, free[freed] + 1, -tables.size[freed])
     for size, a, f in extra:
         _add(delta, size, a, f)
-    curve, cur = [], 0
-    for i in range(n):
-        cur += delta[i]
-        curve.append(cur)
-    return initial, curve
+    return tables.initial, np.cumsum(delta[:n]).tolist()
 
 
-def _add(delta: list[int], size: int, a: int, f: int) -> None:
+def _add(delta: np.ndarray, size: int, a: int, f: int) -> None:
     """Count ``size`` as live over positions a..f (a == -1: live from before the first op)."""
     delta[max(a, 0)] += size
     if f != _NEVER and f + 1 < len(delta):
