@@ -34,7 +34,7 @@ if it has found nothing within the budget faster than the given schedule after `
 the search. From the given plan, the merges toward few large buckets each go over the budget alone.
 
 On the 4-node backward (budget: the original order's peak; 2 cores), from the greedy bucketer's
-175.9 ms (the bucket shifts stop at 168.2 ms), 1,500 plans (20-30 s) reach 161.2, 161.5, 161.0 and
+175.9 ms (the bucket shifts stop at 168.2 ms), 1,500 plans (10 s) reach 161.2, 161.5, 161.0 and
 162.2 ms (seeds 0-3) from the coarse start (5 runs a list: 170.9 ms at 1.066 times the budget), and
 166.3, 161.1, 160.5 and 164.1 ms from the given plan.
 

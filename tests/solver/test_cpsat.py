@@ -429,14 +429,14 @@ def test_max_bucketed_bounds_the_warm_starts_bucketed_tries(monkeypatch) -> None
 
 
 def test_plan_evals_scale_with_budget_and_size() -> None:
-    """PLAN_EVALS_PER_S (20) plans per second of budget, scaled by DEFER_REF_OPS / ops past 2,500
-    ops: 200 for 10 s on 2,500 ops, int(20 * 10 * 0.25) = 50 on 10,000."""
+    """PLAN_EVALS_PER_S (40) plans per second of budget, scaled by DEFER_REF_OPS / ops past 2,500
+    ops: 400 for 10 s on 2,500 ops, int(40 * 10 * 0.25) = 100 on 10,000."""
     from types import SimpleNamespace
 
     from fxsched.solver.warm_start import plan_evals
 
     small, large = SimpleNamespace(ops=[None] * 2_500), SimpleNamespace(ops=[None] * 10_000)
-    assert (plan_evals(small, 10.0), plan_evals(large, 10.0), plan_evals(large, 0.0)) == (200, 50, 0)
+    assert (plan_evals(small, 10.0), plan_evals(large, 10.0), plan_evals(large, 0.0)) == (400, 100, 0)
 
 
 def test_max_plans_bounds_the_warm_starts_plan_search(monkeypatch) -> None:
