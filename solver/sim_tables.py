@@ -4,7 +4,7 @@ The simulator (simulator.py) scores every schedule that every search tries: the 
 search alone scores a few thousand plans per solve of the 4-node backward. Its memory curve and
 compute clock then run as array operations over these tables, and only the issued collectives
 (a few hundred at most) are walked one by one. On the 4-node backward (2,113 ops) that took a
-full simulation from 7.4 to 2.2 ms (see :func:`.simulator.simulate`).
+full simulation (:func:`.simulator.simulate`, the schedule check included) from 4.4 to 1.2 ms.
 """
 
 from __future__ import annotations
@@ -56,20 +56,17 @@ class SimTables:
         pos[at] = np.arange(len(at), dtype=np.int64)
         return at, pos
 
-
     def is_complete_topological(self, problem: ScheduleProblem, order: Sequence[str]) -> bool:
         """Whether ``order`` holds every op exactly once, each after its dependencies."""
         n = len(problem.ops)
         if len(order) != n:
             return False
         try:
-            at = np.fromiter(map(problem.index.__getitem__, order), dtype=np.int64, count=n)
+            at, pos = self.positions(problem, order)
         except KeyError:  # an unknown op
             return False
         if n and np.bincount(at, minlength=n).max() != 1:
             return False
-        pos = np.empty(n, dtype=np.int64)
-        pos[at] = np.arange(n, dtype=np.int64)
         return not bool((pos[self.dep] > pos[self.dependent]).any())
 
 
