@@ -155,13 +155,16 @@ def _least_end(start: float, releases: np.ndarray, cell_cost: np.ndarray, lead: 
     ``cell_cost[max(0, c)]``. ``late(i)`` (None: none), per ``b`` from ``i + 1``, may raise
     the release of the bucket from cell ``i`` to cell ``b`` (the memory its issue needs,
     :func:`_memory_late`). Each state relaxes every later one at once (one vector operation per
-    state)."""
+    state); a state that ends no earlier than the last state's best so far is skipped (no bucket
+    ends before it starts, so nothing through it can end the last state earlier)."""
     k = len(releases) - 1
     cost = _least_cover_cost(cell_cost)
     ready = np.zeros(k) if lead is None else lead
     f = np.full(k + 1, np.inf)
     f[0] = start
     for i in range(k):
+        if f[i] >= f[k]:
+            continue
         rel = releases[i + 1:] if late is None else np.maximum(releases[i + 1:], late(i))
         np.minimum(f[i + 1:], np.maximum(f[i], rel + ready[:k - i]) + cost[:k - i], out=f[i + 1:])
     return float(f[k])
@@ -222,9 +225,10 @@ def _memory_late(problem: ScheduleProblem, graph: CutGraph, budget_bytes: int, w
         plane = (g - scale * budget_bytes + scale * ratio * bs[None, :] + m_num * bx[:, None]) / per_ns
         table = np.maximum(table, np.where(multi[None, :], np.floor(plane) - 1, -np.inf))  # -1: float rounding
 
+    rows, cols = np.arange(k + 1) // q, np.arange(k) // q  # per end cell / per cells covered
+
     def late(i: int) -> np.ndarray:
-        b = np.arange(i + 1, k + 1)
-        return table[b // q, (b - i - 1) // q]
+        return table[rows[i + 1:], cols[:k - i]]
     return late
 
 
@@ -255,7 +259,9 @@ def _deadline_end(start: float, deadlines: np.ndarray, cell_cost: np.ndarray) ->
     bucket after a last byte in cell ``i`` (state 0: nothing run yet) must end by
     ``deadlines[i]`` (inf when no order meets them): :func:`_least_end`'s grid, with deadlines
     in place of releases. From a state, the buckets that meet its deadline cover a prefix of
-    the cell counts (their cost does not fall as they grow)."""
+    the cell counts (their cost does not fall as they grow). A state that ends no earlier than
+    the last state's best so far relaxes nothing that could end the last one earlier: it only
+    marks how far the states reach."""
     k = len(deadlines) - 1
     cost = _least_cover_cost(cell_cost)
     f = np.full(k + 1, np.inf)
@@ -268,7 +274,8 @@ def _deadline_end(start: float, deadlines: np.ndarray, cell_cost: np.ndarray) ->
             continue
         hi = min(k, i + int(np.searchsorted(cost, deadlines[i] - f[i], side="right")))
         reach = max(reach, hi)
-        np.minimum(f[i + 1:hi + 1], f[i] + cost[:hi - i], out=f[i + 1:hi + 1])
+        if f[i] < f[k]:
+            np.minimum(f[i + 1:hi + 1], f[i] + cost[:hi - i], out=f[i + 1:hi + 1])
     return float(f[k])
 
 

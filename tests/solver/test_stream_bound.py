@@ -241,3 +241,54 @@ def test_copy_lead_binds_somewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     without = [makespan_lower_bound(p).makespan_ns for p in PROBLEMS]
     assert all(a >= b for a, b in zip(with_copies, without))
     assert sum(a > b for a, b in zip(with_copies, without)) >= 8
+
+
+def _plain_least_end(start, releases, cell_cost, lead, late) -> float:  # noqa: ANN001
+    """_least_end's recurrence with every (state, later state) pair relaxed, none skipped."""
+    k = len(releases) - 1
+    cost = np.minimum.accumulate(cell_cost[::-1])[::-1]
+    f = [start] + [np.inf] * k
+    for b in range(1, k + 1):
+        for i in range(b):
+            c = b - i - 1
+            rel = releases[b] if late is None else max(releases[b], late(i)[c])
+            f[b] = min(f[b], max(f[i], rel + lead[c]) + cost[c])
+    return float(f[k])
+
+
+def _plain_deadline_end(start, deadlines, cell_cost) -> float:  # noqa: ANN001
+    """_deadline_end's recurrence with every reachable pair relaxed, none skipped."""
+    k = len(deadlines) - 1
+    cost = np.minimum.accumulate(cell_cost[::-1])[::-1]
+    f = [start] + [np.inf] * k
+    reach = 0
+    for i in range(k):
+        if i > reach:
+            return float("inf")
+        if f[i] == np.inf:
+            continue
+        for c in range(k - i):
+            if cost[c] <= deadlines[i] - f[i]:
+                reach = max(reach, i + c + 1)
+                f[i + c + 1] = min(f[i + c + 1], f[i] + cost[c])
+    return float(f[k])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_skipped_states_change_no_least_end(seed: int) -> None:
+    """_least_end and _deadline_end skip states that end no earlier than the last state's best so
+    far; on random grids (releases, leads, memory lates, deadlines) they agree with the recurrence
+    relaxed over every pair."""
+    rng = random.Random(seed)
+    k = rng.randint(2, 14)
+    releases = np.sort(np.array([rng.uniform(0, 100) for _ in range(k + 1)]))
+    cell_cost = np.array(sorted(rng.uniform(1, 40) for _ in range(k + 1)))
+    lead = np.array(sorted(rng.choice((0.0, rng.uniform(0, 10))) for _ in range(k)))
+    table = np.array([[rng.uniform(0, 120) for _ in range(k)] for _ in range(k)])
+    late = (lambda i: table[i, :k - i]) if rng.random() < 0.5 else None
+    start = rng.uniform(0, 50)
+    assert _least_end(start, releases, cell_cost, lead, late) == pytest.approx(
+        _plain_least_end(start, releases, cell_cost, lead, late), abs=1e-9)
+    deadlines = np.array([rng.uniform(20, 200) for _ in range(k)] + [np.inf])
+    assert _deadline_end(start, deadlines, cell_cost) == pytest.approx(_plain_deadline_end(start, deadlines, cell_cost),
+                                                                       abs=1e-9)
