@@ -243,12 +243,6 @@ def assemble(
     # what must precede an item of a slot: the frame's block dependencies, and for the wait of a
     # bucket's member every member (each bucket is one group of those edges, kept as a group)
     bucket_of = {m: g for g, b in enumerate(buckets) for m in b}
-    static = placement.item_keys
-
-    def own_key(n: str) -> tuple[bool, int, int]:
-        is_wait, prio_of, index = static[n]
-        return (is_wait, prio.get(prio_of, 0), index)
-
     units, backbone = placement.units, placement.backbone
     order: list[str] = []
     done = 0  # backbone ops placed: slot k comes right before backbone op k
@@ -259,7 +253,7 @@ def assemble(
         if len(items) == 1:
             ordered = items
         else:
-            slot = _Slot(items, placement.block_deps, bucket_of, static, own_key)
+            slot = _Slot(items, placement.block_deps, bucket_of, placement.item_keys, prio)
             soft = {n: frozenset(issue_after.get(n, ())) for n in items} if issue_after else None
             try:  # issue_after edges are preferences: drop them if they close a cycle
                 ordered = slot.order(soft)
@@ -283,18 +277,21 @@ class _Slot:
     as soon as that block would); among the items free to go, the least key goes first."""
 
     def __init__(self, items: list[str], block_deps: Mapping[str, frozenset[str]], bucket_of: Mapping[str, int],
-                 static: Mapping[str, tuple[bool, str, int]], own_key) -> None:  # noqa: ANN001
+                 static: Mapping[str, tuple[bool, str, int]], prio: Mapping[str, int]) -> None:
+        """``static``: :attr:`Placement.item_keys`; ``prio``: each collective's priority (default 0),
+        which orders it and its wait after whether the item is a wait."""
         self.items = items
         present = set(items)
         self.deps = {n: block_deps.get(n, frozenset()) & present for n in items}
         self.members: dict[int, list[str]] = {}  # per bucket: its members here
         self.waits: dict[int, list[str]] = {}  # per bucket: its members' waits here
+        key: dict[str, tuple[bool, int, int]] = {}
         for n in items:
-            is_wait, coll, _ = static[n]
+            is_wait, coll, index = static[n]
+            key[n] = (is_wait, prio.get(coll, 0), index)
             g = bucket_of.get(coll)
             if g is not None:
                 (self.waits if is_wait else self.members).setdefault(g, []).append(n)
-        key = {n: own_key(n) for n in items}
         changed = True
         while changed:
             changed = False

@@ -220,7 +220,7 @@ def _timeline(
         offset += step
         if added is not None:
             added[i] += step
-    if clocks is not None and added is not None:
+    if added is not None:
         clocks.extend((ran + np.cumsum(added)).tolist())
     timings.sort(key=lambda c: c.issue_pos)
     total = int(ran[-1]) if len(ran) else 0
