@@ -54,7 +54,7 @@ from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
-from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, bucket_tries, far_evals, plan_evals,
+from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, bucket_tries, far_evals, plan_evals, pull_evals,
                          size_scale, stream_bound, warm_start, warm_start_share)
 
 log = logging.getLogger(__name__)
@@ -119,8 +119,9 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     far = far_evals(problem, time_budget_s) if config.deterministic else None
     bucketed = bucket_tries(problem, time_budget_s) if config.deterministic else None
     plans = plan_evals(problem, time_budget_s) if config.deterministic else None
+    pulls = pull_evals(problem, time_budget_s) if config.deterministic else None
     h_name, h_sched = (("hint", hint) if hint is not None
-                       else warm_start(problem, budget, config, deadline, moves, builds, far, bucketed, plans))
+                       else warm_start(problem, budget, config, deadline, moves, builds, far, bucketed, plans, pulls))
     h_res = simulate(problem, h_sched)
     if not bound_first:
         floor_ns = makespan_lower_bound(problem, budget).makespan_ns

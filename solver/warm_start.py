@@ -53,6 +53,9 @@ FAR_SEEDS = 256  # fillers tried per queue head by the far deferral (fewer past 
 # no such bound, its 120 moves of 256 fillers each took 134 s of a 60 s solve of the tp_2x4 backward
 FAR_EVALS_PER_S = 40
 PULL_EVALS = 2000  # candidates a single-pull pass tries in all (fewer past DEFER_REF_OPS ops)
+# deterministic solves: the warm start's single-pull candidates per second of budget, at most PULL_EVALS
+# (same scaling). Its 2,000 took 4.6 s of a 10 s solve of the tp_2x4 backward, which ran 16 s
+PULL_EVALS_PER_S = 100
 SHIFT_EVALS = 1000  # candidates a bucket-shift pass tries in all (fewer past DEFER_REF_OPS ops)
 POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step here, and each search gain
 # far deferrals and single pulls must gain more than this: on the tp_2x4 backward, moves of a
@@ -107,10 +110,13 @@ def far_evals(problem: ScheduleProblem, time_budget_s: float) -> int:
     return max(far_seeds(problem), int(FAR_EVALS_PER_S * time_budget_s * size_scale(problem)))
 
 
-def pull_evals(problem: ScheduleProblem) -> int:
-    """Candidates a single-pull pass tries in all: PULL_EVALS, scaled by :func:`size_scale`, so that
-    deterministic solves, which run it with no deadline, do a bounded amount of work."""
-    return max(64, int(PULL_EVALS * size_scale(problem)))
+def pull_evals(problem: ScheduleProblem, time_budget_s: float | None = None) -> int:
+    """Candidates a single-pull pass tries in all: PULL_EVALS, or with ``time_budget_s`` (the warm
+    start of a deterministic solve) PULL_EVALS_PER_S per second if fewer, scaled by
+    :func:`size_scale`, so that deterministic solves, which run it with no deadline, do a bounded
+    amount of work."""
+    evals = PULL_EVALS if time_budget_s is None else min(PULL_EVALS, PULL_EVALS_PER_S * time_budget_s)
+    return max(64, int(evals * size_scale(problem)))
 
 
 def shift_evals(problem: ScheduleProblem) -> int:
@@ -135,7 +141,8 @@ def plan_evals(problem: ScheduleProblem, time_budget_s: float) -> int:
 def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                deadline: float | None = None, defer_moves: int = 16,
                critical_builds: int | None = None, far_tries: int | None = None,
-               max_bucketed: int | None = None, max_plans: int | None = None) -> tuple[str, Schedule]:
+               max_bucketed: int | None = None, max_plans: int | None = None,
+               pull_tries: int | None = None) -> tuple[str, Schedule]:
     """The best heuristic schedule within the budget: fixed-order overlap, without buckets and
     with the greedy bucketer at the model's cap (or, with no cap, each of ``WARM_START_CAPS``) and
     with buckets capped by memory headroom too (``HEADROOM_TRIES``); no bucketed try when the
@@ -158,7 +165,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     Then bucket boundaries shifted again, and last, compute pulled into small stalls and runs of stalled waits concentrated
     (:func:`..heuristics.concentrate.concentrate_stalls`; in fixed mode no heavy op passes another).
     The two deferrals share ``defer_moves`` tries (the far one and the pulls get half as many too,
-    and the far one tries at most ``far_tries`` fillers in all; None: no such bound);
+    and the far one tries at most ``far_tries`` fillers in all; None: no such bound; the pulls at
+    most ``pull_tries`` candidates; None: :func:`pull_evals`);
     with a ``deadline``, the first gets half the time left (at most ``FIRST_DEFER_MAX_S``) and the
     second half of what is left after it. With a ``deadline`` (wall-clock solves only) the overlap
     scheduler's ladders (:func:`..heuristics.overlap.overlap_schedule`), the tries after the first,
@@ -233,7 +241,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
 
     def pull(s: Schedule) -> Schedule:
         return pull_single_fillers(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=deadline,
-                                   min_gain_ns=MOVE_MIN_GAIN_NS, max_evals=pull_evals(problem))
+                                   min_gain_ns=MOVE_MIN_GAIN_NS,
+                                   max_evals=pull_evals(problem) if pull_tries is None else pull_tries)
 
     def pipeline(s: Schedule) -> Schedule:
         return pipeline_fillers(problem, s, budget_bytes=budget_bytes, deadline=deadline)

@@ -479,3 +479,27 @@ def test_stream_bound_graphs_give_the_warm_start_more_time() -> None:
     assert ws.stream_bound(problem(110))
     assert ws.warm_start_share(problem(500)) == ws.STREAM_BOUND_SHARE == 0.85
     assert ws.warm_start_share(problem(100)) == ws.WARM_START_SHARE == 0.6
+
+
+def test_deterministic_warm_start_pulls_in_proportion_to_the_budget(monkeypatch) -> None:
+    """A deterministic solve's single pulls try PULL_EVALS_PER_S (100) candidates per second of
+    budget, at most PULL_EVALS (2000), on a graph under DEFER_REF_OPS ops: 200 for 2 s, 2000 for
+    30 s; a wall-clock solve tries up to PULL_EVALS under its deadline."""
+    import fxsched.solver.warm_start as ws
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    seen: list[int | None] = []
+    real = ws.pull_single_fillers
+
+    def spy(problem, schedule, **kw):
+        seen.append(kw["max_evals"])
+        return real(problem, schedule, **kw)
+
+    monkeypatch.setattr(ws, "pull_single_fillers", spy)
+    p = make_problem([compute("f", 100, heavy=True), compute("x", 10, heavy=True),
+                      coll("c", "A", AG, runtime_ns=100, deps=["x"]), wait("w", "c"),
+                      compute("y", 10, deps=["w"], heavy=True)])
+    solve(p, 2.0, SolveConfig(mode="free", workers=1))
+    solve(p, 30.0, SolveConfig(mode="free", workers=1))
+    solve(p, 2.0, SolveConfig(mode="free", workers=1, deterministic=False))
+    assert seen == [200, 2000, 2000]
