@@ -328,6 +328,28 @@ def test_warm_start_skips_bucketing_when_little_is_exposed(monkeypatch) -> None:
     assert len(calls) == 2 + 2  # WARM_START_CAPS, HEADROOM_TRIES
 
 
+def _spy_on(monkeypatch, module, name: str, key: str) -> list:
+    """Replace ``module.name`` by a pass-through that records each call's keyword ``key``."""
+    seen: list = []
+    real = getattr(module, name)
+
+    def spy(problem, schedule, **kw):
+        seen.append(kw[key])
+        return real(problem, schedule, **kw)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+def _filler_feeder():
+    """Filler f (100) first, then x (10) feeding c (100) that y (10) waits for."""
+    from solver_builders import AG, coll, compute, make_problem, wait
+
+    return make_problem([compute("f", 100, heavy=True), compute("x", 10, heavy=True),
+                         coll("c", "A", AG, runtime_ns=100, deps=["x"]), wait("w", "c"),
+                         compute("y", 10, deps=["w"], heavy=True)])
+
+
 def test_warm_start_runs_critical_path_in_free_mode_only(monkeypatch) -> None:
     """The warm start calls heuristics.critical_path in free mode with the rebuild count it is
     given; solve() gives a deterministic solve max(8, int(CRITICAL_BUILDS_PER_S (6) * budget))
@@ -336,19 +358,9 @@ def test_warm_start_runs_critical_path_in_free_mode_only(monkeypatch) -> None:
     Filler f (100) first, then x (10) feeding c (100) that y (10) waits for: longest path first
     runs x, c, f, y: 120 ns, the total compute (the given order takes 220)."""
     import fxsched.solver.warm_start as ws
-    from solver_builders import AG, coll, compute, make_problem, wait
 
-    seen: list[int | None] = []
-    real = ws.critical_path_schedule
-
-    def spy(problem, schedule, **kw):
-        seen.append(kw["max_builds"])
-        return real(problem, schedule, **kw)
-
-    monkeypatch.setattr(ws, "critical_path_schedule", spy)
-    p = make_problem([compute("f", 100, heavy=True), compute("x", 10, heavy=True),
-                      coll("c", "A", AG, runtime_ns=100, deps=["x"]), wait("w", "c"),
-                      compute("y", 10, deps=["w"], heavy=True)])
+    seen = _spy_on(monkeypatch, ws, "critical_path_schedule", "max_builds")
+    p = _filler_feeder()
     assert simulate(p, ws.warm_start(p, 10**12, SolveConfig(mode="free"), critical_builds=7)[1]).makespan_ns == 120
     assert seen == [7]
     ws.warm_start(p, 10**12, SolveConfig(mode="fixed"))
@@ -486,19 +498,9 @@ def test_deterministic_warm_start_pulls_in_proportion_to_the_budget(monkeypatch)
     budget, at most PULL_EVALS (2000), on a graph under DEFER_REF_OPS ops: 200 for 2 s, 2000 for
     30 s; a wall-clock solve tries up to PULL_EVALS under its deadline."""
     import fxsched.solver.warm_start as ws
-    from solver_builders import AG, coll, compute, make_problem, wait
 
-    seen: list[int | None] = []
-    real = ws.pull_single_fillers
-
-    def spy(problem, schedule, **kw):
-        seen.append(kw["max_evals"])
-        return real(problem, schedule, **kw)
-
-    monkeypatch.setattr(ws, "pull_single_fillers", spy)
-    p = make_problem([compute("f", 100, heavy=True), compute("x", 10, heavy=True),
-                      coll("c", "A", AG, runtime_ns=100, deps=["x"]), wait("w", "c"),
-                      compute("y", 10, deps=["w"], heavy=True)])
+    seen = _spy_on(monkeypatch, ws, "pull_single_fillers", "max_evals")
+    p = _filler_feeder()
     solve(p, 2.0, SolveConfig(mode="free", workers=1))
     solve(p, 30.0, SolveConfig(mode="free", workers=1))
     solve(p, 2.0, SolveConfig(mode="free", workers=1, deterministic=False))
