@@ -46,10 +46,6 @@ log = logging.getLogger(__name__)
 
 BACKLOG_MULTIPLES = (None, 8)  # backlog settings tried, in medians of the collectives compute waits for
 KEEP_WINDOW = 5  # ops of the given order kept before a position over the budget, per retry
-# a setting stops after this many rebuilds over the budget in a row that do not lower its least peak
-# over the budget: on the tp_2x4 backward the windows left the peak at 1.6-1.7x the budget through
-# 16 rebuilds of each setting (1.2 s of a deterministic 10 s solve, none within the budget)
-PATIENCE = 4
 MAX_BUILDS = 400  # rebuilds per call on graphs of up to REF_OPS ops (fewer on larger ones)
 REF_OPS = 2500
 
@@ -202,7 +198,6 @@ def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budg
     for i, mult in enumerate(BACKLOG_MULTIPLES):
         backlog = None if mult is None else mult * median
         keep: tuple[tuple[int, int], ...] = ()
-        least_over, stale = None, 0  # the setting's least peak over the budget; rebuilds since it fell
         for _ in range(max(1, left // (len(BACKLOG_MULTIPLES) - i))):  # a setting's unused builds go on
             if deadline is not None and time.perf_counter() > deadline:
                 return best
@@ -219,12 +214,6 @@ def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budg
                 if r.makespan_ns < res.makespan_ns:
                     best, res = cand, r
                 break
-            if least_over is None or r.peak_memory_bytes < least_over:
-                least_over, stale = r.peak_memory_bytes, 0
-            else:
-                stale += 1
-                if stale >= PATIENCE:
-                    break
             over = next(k for k, m in enumerate(r.memory_curve) if m > budget)
             keep = widen_keep(keep, over, KEEP_WINDOW, grow=True)
     if best is not schedule:

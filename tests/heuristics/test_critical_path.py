@@ -4,7 +4,6 @@ optima, the memory budget, and validity / never-worse on tiny problems."""
 from __future__ import annotations
 
 import pytest
-from fxsched.heuristics import critical_path as cp
 from fxsched.heuristics.critical_path import bottom_levels, critical_path_order, critical_path_schedule
 from fxsched.heuristics.overlap import original_peak, overlap_schedule
 from fxsched.solver import Schedule, check_schedule, simulate
@@ -79,20 +78,6 @@ def test_memory_budget_is_kept() -> None:
     assert critical_path_schedule(p, base) == base
     out = critical_path_schedule(p, base, budget_bytes=150)
     assert simulate(p, out).makespan_ns == 120
-
-
-def test_a_setting_over_the_budget_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under 99 bytes no order fits (f's 100-byte input is live from the start). Per setting: the
-    unconstrained rebuild peaks at 150, a kept window brings it to 100, and then PATIENCE more
-    rebuilds that stay at 100 end the setting: PATIENCE + 2 rebuilds per setting of the 100
-    allowed, and the input comes back."""
-    p = _feeder(f_uses=("in",), x_alloc=("buf",))
-    base = Schedule.original(p)
-    builds = []
-    real = cp._CriticalPathBuilder.build
-    monkeypatch.setattr(cp._CriticalPathBuilder, "build", lambda self: builds.append(1) or real(self))
-    assert critical_path_schedule(p, base, budget_bytes=99, max_builds=100) == base
-    assert len(builds) == len(cp.BACKLOG_MULTIPLES) * (cp.PATIENCE + 2)
 
 
 @pytest.mark.parametrize(("g_ns", "before_b", "makespan"), [(60, True, 340), (130, False, 370)])
