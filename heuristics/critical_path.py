@@ -171,6 +171,11 @@ def _bound(problem: ScheduleProblem, bl: dict[str, int]) -> int:
     return max(max(bl.values(), default=0), compute)
 
 
+def default_max_builds(problem: ScheduleProblem) -> int:
+    """MAX_BUILDS, scaled down past REF_OPS ops (each rebuild and its simulation cost grow with them)."""
+    return max(4, MAX_BUILDS * min(REF_OPS, len(problem.ops)) // max(1, len(problem.ops)))
+
+
 def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
                            deadline: float | None = None, max_builds: int | None = None) -> Schedule:
     """The fastest critical-path rebuild of ``schedule`` within the memory budget, or ``schedule``.
@@ -187,7 +192,7 @@ def critical_path_schedule(problem: ScheduleProblem, schedule: Schedule, *, budg
         return schedule
     budget = original_peak(problem) if budget_bytes is None else budget_bytes
     if max_builds is None:
-        max_builds = max(4, MAX_BUILDS * min(REF_OPS, len(problem.ops)) // len(problem.ops))
+        max_builds = default_max_builds(problem)
     bl = bottom_levels(problem, schedule.buckets)
     bound = _bound(problem, bl)
     waited = waited_collectives(problem)

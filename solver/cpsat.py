@@ -33,6 +33,7 @@ from collections.abc import Callable
 from ortools.sat.python import cp_model
 
 from ..heuristics.concentrate import concentrate_stalls
+from ..heuristics.critical_path import default_max_builds
 from .bounds import makespan_lower_bound
 from .cpsat_config import (
     Progress,
@@ -115,7 +116,8 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     # deterministic solves bound the deferral by the budget; wall-clock ones by the deadline
     scale = size_scale(problem)
     moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096
-    builds = max(8, int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)) if config.deterministic else None
+    builds = (max(8, min(default_max_builds(problem), int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)))
+              if config.deterministic else None)
     far = far_evals(problem, time_budget_s) if config.deterministic else None
     bucketed = bucket_tries(problem, time_budget_s) if config.deterministic else None
     plans = plan_evals(problem, time_budget_s) if config.deterministic else None

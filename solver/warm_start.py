@@ -47,15 +47,19 @@ STREAM_BOUND_SHARE = 0.85
 FIRST_DEFER_MAX_S = 20.0
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
-CRITICAL_BUILDS_PER_S = 6  # deterministic solves: critical-path rebuilds per second of budget (same scaling)
+# deterministic solves: critical-path rebuilds per second of budget (same scaling; at most the pass's
+# default). On the tp_2x4 backward its keep windows bring a rebuild within the budget only after
+# 120-150 rebuilds: 6 a second gave a 10 s solve nothing from it (34,088.0 us), 30 give 33,705.7
+CRITICAL_BUILDS_PER_S = 30
 FAR_SEEDS = 256  # fillers tried per queue head by the far deferral (fewer past DEFER_REF_OPS ops)
 # deterministic solves: far-deferral fillers tried in all, per second of budget (same scaling). With
 # no such bound, its 120 moves of 256 fillers each took 134 s of a 60 s solve of the tp_2x4 backward
 FAR_EVALS_PER_S = 40
 PULL_EVALS = 2000  # candidates a single-pull pass tries in all (fewer past DEFER_REF_OPS ops)
 # deterministic solves: the warm start's single-pull candidates per second of budget, at most PULL_EVALS
-# (same scaling). Its 2,000 took 4.6 s of a 10 s solve of the tp_2x4 backward, which ran 16 s
-PULL_EVALS_PER_S = 100
+# (same scaling). Its 2,000 took 4.6 s of a 10 s solve of the tp_2x4 backward, which ran 14-16 s
+# (11-13 s with 500, and the rebuilds above)
+PULL_EVALS_PER_S = 50
 SHIFT_EVALS = 1000  # candidates a bucket-shift pass tries in all (fewer past DEFER_REF_OPS ops)
 POLISH_TRIES = 16  # stalls tried by a polish (concentrate.py): the last step here, and each search gain
 # far deferrals and single pulls must gain more than this: on the tp_2x4 backward, moves of a

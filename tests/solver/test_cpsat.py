@@ -352,9 +352,10 @@ def _filler_feeder():
 
 def test_warm_start_runs_critical_path_in_free_mode_only(monkeypatch) -> None:
     """The warm start calls heuristics.critical_path in free mode with the rebuild count it is
-    given; solve() gives a deterministic solve max(8, int(CRITICAL_BUILDS_PER_S (6) * budget))
-    rebuilds on a graph under DEFER_REF_OPS ops: 12 for 2 s, and None (the pass's default, under
-    a deadline) on a wall clock. Fixed mode keeps the heavy-compute order and never calls it.
+    given; solve() gives a deterministic solve max(8, int(CRITICAL_BUILDS_PER_S (30) * budget))
+    rebuilds on a graph under DEFER_REF_OPS ops, at most the pass's default (MAX_BUILDS, 400, on
+    so small a graph): 60 for 2 s, 400 for 30 s, and None (the pass's default, under a deadline)
+    on a wall clock. Fixed mode keeps the heavy-compute order and never calls it.
     Filler f (100) first, then x (10) feeding c (100) that y (10) waits for: longest path first
     runs x, c, f, y: 120 ns, the total compute (the given order takes 220)."""
     import fxsched.solver.warm_start as ws
@@ -366,9 +367,10 @@ def test_warm_start_runs_critical_path_in_free_mode_only(monkeypatch) -> None:
     ws.warm_start(p, 10**12, SolveConfig(mode="fixed"))
     assert seen == [7]
     solve(p, 2.0, SolveConfig(mode="free", workers=1))
-    assert seen == [7, 12]
+    solve(p, 30.0, SolveConfig(mode="free", workers=1))
+    assert seen == [7, 60, 400]
     solve(p, 2.0, SolveConfig(mode="free", workers=1, deterministic=False))
-    assert seen == [7, 12, None]
+    assert seen == [7, 60, 400, None]
 
 
 def test_polish_may_leave_the_fixed_model_and_reports_a_valid_bound() -> None:
@@ -494,14 +496,15 @@ def test_stream_bound_graphs_give_the_warm_start_more_time() -> None:
 
 
 def test_deterministic_warm_start_pulls_in_proportion_to_the_budget(monkeypatch) -> None:
-    """A deterministic solve's single pulls try PULL_EVALS_PER_S (100) candidates per second of
-    budget, at most PULL_EVALS (2000), on a graph under DEFER_REF_OPS ops: 200 for 2 s, 2000 for
-    30 s; a wall-clock solve tries up to PULL_EVALS under its deadline."""
+    """A deterministic solve's single pulls try PULL_EVALS_PER_S (50) candidates per second of
+    budget, at most PULL_EVALS (2000), on a graph under DEFER_REF_OPS ops: 100 for 2 s, 1500 for
+    30 s, 2000 for 60 s; a wall-clock solve tries up to PULL_EVALS under its deadline."""
     import fxsched.solver.warm_start as ws
 
     seen = _spy_on(monkeypatch, ws, "pull_single_fillers", "max_evals")
     p = _filler_feeder()
     solve(p, 2.0, SolveConfig(mode="free", workers=1))
     solve(p, 30.0, SolveConfig(mode="free", workers=1))
+    solve(p, 60.0, SolveConfig(mode="free", workers=1))
     solve(p, 2.0, SolveConfig(mode="free", workers=1, deterministic=False))
-    assert seen == [200, 2000, 2000]
+    assert seen == [100, 1500, 2000, 2000]
