@@ -105,8 +105,10 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     budget = resolve_budget(problem, config.memory_budget)
     if problem.link_contention:
         log.warning("solve: link contention %.2f is not modelled; the simulator scores it", problem.link_contention)
-    # wall-clock solves keep at least 40% of the budget for the search (15% on stream-bound graphs)
-    deadline = None if config.deterministic else t0 + warm_start_share(problem) * time_budget_s
+    # wall-clock solves keep at least 40% of the budget for the search (15% on stream-bound graphs, and
+    # in free mode under short budgets, what FREE_WARM_START_MIN_S leaves)
+    deadline = (None if config.deterministic
+                else t0 + warm_start_share(problem, time_budget_s, config.mode) * time_budget_s)
     # a bound valid for every schedule within the budget (any order, any buckets): the floor of every
     # reported bound. After the warm start, whose first steps it would otherwise delay (2.4 s on the
     # 4-node backward), except where the warm start takes STREAM_BOUND_SHARE: the 10 s solves of

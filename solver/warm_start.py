@@ -35,6 +35,13 @@ WARM_START_CAPS = (DEFAULT_CAP_BYTES, 4 * DEFAULT_CAP_BYTES)  # comm-bound graph
 # 1 GiB no longer fit the budget: 0.35 / 3 GiB gives 175.9 ms there, 1 GiB uniform 188.2 ms
 HEADROOM_TRIES = ((0.35, 3 << 30), (0.5, 2 << 30))
 WARM_START_SHARE = 0.6
+# free mode, short wall-clock budgets: the warm start keeps at least this many seconds (at most
+# STREAM_BOUND_SHARE of the budget). Its reordering steps (deferral, the critical-path rebuild, far
+# deferral, pulls) take about 7-8 s on the tp_2x4 backward on a 2-core machine and gain far more
+# than the window rounds they would leave time for: a 10 s solve of it gave 35,341.7 us with 0.6
+# of the budget (7 of 15 steps skipped) and 33,743.2 with 0.75; at 60 s, 0.6 stays the better
+# (31,820.6 against 32,080.2 with 0.75); fixed mode has no such steps (0.75: 38,673.4 against 38,626.6)
+FREE_WARM_START_MIN_S = 7.5
 # where one group's collectives, run alone back to back, take at least the compute (stream_bound), the
 # buckets decide the makespan and CP-SAT's windows cannot restructure them: on the 4-node backward
 # its 24 s of a 60 s solve gained nothing, while the plan search gains there. Such graphs give the
@@ -91,10 +98,15 @@ def stream_bound(problem: ScheduleProblem) -> bool:
     return max(per_group.values(), default=0) >= max(1, compute)
 
 
-def warm_start_share(problem: ScheduleProblem) -> float:
+def warm_start_share(problem: ScheduleProblem, time_budget_s: float | None = None, mode: str = "fixed") -> float:
     """The share of a wall-clock budget the warm start may take: STREAM_BOUND_SHARE where the
-    graph is :func:`stream_bound`, else WARM_START_SHARE."""
-    return STREAM_BOUND_SHARE if stream_bound(problem) else WARM_START_SHARE
+    graph is :func:`stream_bound`, else WARM_START_SHARE, or in free mode at least
+    FREE_WARM_START_MIN_S of ``time_budget_s`` (at most STREAM_BOUND_SHARE of it)."""
+    if stream_bound(problem):
+        return STREAM_BOUND_SHARE
+    if mode == "free" and time_budget_s:
+        return max(WARM_START_SHARE, min(STREAM_BOUND_SHARE, FREE_WARM_START_MIN_S / time_budget_s))
+    return WARM_START_SHARE
 
 
 def size_scale(problem: ScheduleProblem) -> float:

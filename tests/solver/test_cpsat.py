@@ -481,7 +481,9 @@ def test_max_plans_bounds_the_warm_starts_plan_search(monkeypatch) -> None:
 
 def test_stream_bound_graphs_give_the_warm_start_more_time() -> None:
     """A gather of 500 ns beside 110 ns of compute is stream-bound (500 >= 110): the warm start may
-    take STREAM_BOUND_SHARE of a wall-clock budget; at 100 ns beside 110 it is not."""
+    take STREAM_BOUND_SHARE of a wall-clock budget; at 100 ns beside 110 it is not, and takes
+    WARM_START_SHARE, except in free mode, where it keeps FREE_WARM_START_MIN_S (7.5 s): 0.75 of
+    10 s, 0.6 of 60 s (7.5 s is less), and of 5 s no more than STREAM_BOUND_SHARE."""
     import fxsched.solver.warm_start as ws
     from solver_builders import AG, coll, compute, make_problem, wait
 
@@ -493,6 +495,12 @@ def test_stream_bound_graphs_give_the_warm_start_more_time() -> None:
     assert ws.stream_bound(problem(110))
     assert ws.warm_start_share(problem(500)) == ws.STREAM_BOUND_SHARE == 0.85
     assert ws.warm_start_share(problem(100)) == ws.WARM_START_SHARE == 0.6
+    assert ws.FREE_WARM_START_MIN_S == 7.5
+    assert ws.warm_start_share(problem(100), 10.0, "free") == 0.75
+    assert ws.warm_start_share(problem(100), 60.0, "free") == 0.6
+    assert ws.warm_start_share(problem(100), 5.0, "free") == 0.85
+    assert ws.warm_start_share(problem(100), 10.0, "fixed") == 0.6
+    assert ws.warm_start_share(problem(500), 10.0, "free") == 0.85
 
 
 def test_deterministic_warm_start_pulls_in_proportion_to_the_budget(monkeypatch) -> None:
