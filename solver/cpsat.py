@@ -33,7 +33,6 @@ from collections.abc import Callable
 from ortools.sat.python import cp_model
 
 from ..heuristics.concentrate import concentrate_stalls
-from ..heuristics.critical_path import default_max_builds
 from .bounds import makespan_lower_bound
 from .cpsat_config import (
     Progress,
@@ -55,7 +54,7 @@ from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
-from .warm_start import (CRITICAL_BUILDS_PER_S, DEFER_MOVES_PER_S, bucket_tries, far_evals, plan_evals, pull_evals,
+from .warm_start import (DEFER_MOVES_PER_S, bucket_tries, critical_builds, far_evals, plan_evals, pull_evals,
                          size_scale, stream_bound, warm_start, warm_start_share)
 
 log = logging.getLogger(__name__)
@@ -118,8 +117,7 @@ def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, 
     # deterministic solves bound the deferral by the budget; wall-clock ones by the deadline
     scale = size_scale(problem)
     moves = max(16, int(DEFER_MOVES_PER_S * time_budget_s * scale)) if config.deterministic else 4096
-    builds = (max(8, min(default_max_builds(problem), int(CRITICAL_BUILDS_PER_S * time_budget_s * scale)))
-              if config.deterministic else None)
+    builds = critical_builds(problem, time_budget_s) if config.deterministic else None
     far = far_evals(problem, time_budget_s) if config.deterministic else None
     bucketed = bucket_tries(problem, time_budget_s) if config.deterministic else None
     plans = plan_evals(problem, time_budget_s) if config.deterministic else None

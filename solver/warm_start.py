@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..heuristics.bucket_shift import shift_bucket_members
 from ..heuristics.bucketing import DEFAULT_CAP_BYTES, bucketed_overlap
 from ..heuristics.concentrate import concentrate_stalls
-from ..heuristics.critical_path import critical_path_schedule
+from ..heuristics.critical_path import critical_path_schedule, default_max_builds
 from ..heuristics.far_defer import defer_far_fillers
 from ..heuristics.fill import fill_stalls
 from ..heuristics.overlap import OverlapConfig, overlap_schedule
@@ -124,6 +124,13 @@ def far_evals(problem: ScheduleProblem, time_budget_s: float) -> int:
     """Fillers the far deferral tries in all in a deterministic solve of ``time_budget_s``:
     FAR_EVALS_PER_S per second, scaled by :func:`size_scale`, and at least one full head's worth."""
     return max(far_seeds(problem), int(FAR_EVALS_PER_S * time_budget_s * size_scale(problem)))
+
+
+def critical_builds(problem: ScheduleProblem, time_budget_s: float) -> int:
+    """Critical-path rebuilds a deterministic solve of ``time_budget_s`` runs: CRITICAL_BUILDS_PER_S
+    per second, scaled by :func:`size_scale`, at least 8 and at most the pass's own default."""
+    per_budget = int(CRITICAL_BUILDS_PER_S * time_budget_s * size_scale(problem))
+    return max(8, min(default_max_builds(problem), per_budget))
 
 
 def pull_evals(problem: ScheduleProblem, time_budget_s: float | None = None) -> int:
