@@ -19,9 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .memory_cuts import CutGraph, bucket_size_caps
+from .memory_cuts import MEMORY_HEAD_PEAKS, CutGraph, bucket_size_caps, memory_heads
 from .problem import OpKind, ScheduleProblem, bit_mask
+from .schedule import Schedule
+from .simulator import memory_curve
 from .stream_bound import stream_release_bound
+
+
+STREAM_DROP_SHARE = 0.01  # bytes of a group's earliest-headed collectives the stream term may leave out
 
 
 @dataclass(frozen=True)
@@ -261,9 +266,11 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
     memory = None if graph is None else (graph, memory_budget_bytes)
     caps = bucket_size_caps(problem, memory_budget_bytes, graph=graph) if graph is not None else {}
     prices = _budget_prices(problem, caps)  # none without a budget (no caps)
+    late = {} if memory_budget_bytes is None else memory_heads(
+        problem, memory_budget_bytes, weights, _memory_peaks(problem, MEMORY_HEAD_PEAKS))
     for g, cols in by_group.items():
         kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
-        heads = np.array([weights[anc[c.name]].sum() for c in cols], dtype=np.int64)
+        heads = np.array([max(int(weights[anc[c.name]].sum()), late.get(c.name, 0)) for c in cols], dtype=np.int64)
         tails = np.array([weights[desc[c.name]].sum() for c in cols], dtype=np.int64)
         size = np.array([c.collective.size_bytes for c in cols], dtype=float)  # type: ignore[union-attr]
         kind_masks = [np.array([c.collective.kind == k for c in cols]) for k in kinds]  # type: ignore[union-attr]
@@ -289,8 +296,10 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
                 if lb > best:
                     best, limiting = lb, f"group {g}: {int(s.sum())} collectives after {int(heads[s].min())} ns"
         # after the FIFO terms: the stream term's costlier parts give up below the best so far
+        keep = _stream_set(heads, size) if any(c.name in late for c in cols) else np.arange(len(cols))
         stream, what = stream_release_bound(
-            problem, weights, cols, int(heads.min()), int(tails.min()), lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
+            problem, weights, [cols[i] for i in keep], int(heads[keep].min()), int(tails[keep].min()),
+            lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
             {k: f.one for k, f in lb_of.items()}, prices, caps, best, memory)
         if stream > best:
             best, limiting = stream, what
@@ -302,6 +311,30 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
         if total + exposed > best:
             best, limiting = total + exposed, f"compute deferred past {name}"
     return MakespanBound(best, total, limiting)
+
+
+def _memory_peaks(problem: ScheduleProblem, count: int) -> list[int]:
+    """The ``count`` ops at which the original order's memory is highest (ties: the earlier), as
+    splits for :func:`.memory_cuts.memory_heads` (any ops would do: the choice only decides what
+    it can prove)."""
+    _, curve = memory_curve(problem, Schedule.original(problem))
+    if not curve:
+        return []
+    return [int(i) for i in np.argsort(-np.array(curve), kind="stable")[:count]]
+
+
+def _stream_set(heads: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Indices of the collectives (of one group) the stream term runs: all of them, less the ones
+    with the least heads when those hold at most ``STREAM_DROP_SHARE`` of the bytes. Dropping
+    collectives relaxes the problem (still a bound) and lets the stream start at the others' least
+    head: on the 4-node FSDP backward the gathers of the 8 KB norm weights are the only ones a
+    memory head (:func:`.memory_cuts.memory_heads`) leaves before the loss gradient."""
+    order = np.argsort(heads, kind="stable")
+    early = np.cumsum(size[order]) <= STREAM_DROP_SHARE * size.sum()  # a prefix of the order
+    cut = int(early.sum())
+    while cut > 0 and heads[order[cut]] == heads[order[cut - 1]]:  # drop whole head values only
+        cut -= 1
+    return np.sort(order[cut:])
 
 
 def _comm_of(members, lb_of: dict, prices: dict[str, float]) -> float:
