@@ -132,6 +132,15 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     # solve
     moves_on = free_windows and size_scale(problem) >= 1.0
     stale = False  # a gain changed the incumbent's order: rebase before the next round uses it
+
+    def announce() -> None:
+        """The progress callback sees the incumbent's makespan and the structural bound: a window
+        model's own objective and bound speak of the window only (a free window's is a sub-problem's
+        makespan, and a fixed window that cannot improve proves nothing about the graph)."""
+        if progress is not None:
+            progress(Progress(time.perf_counter() - t0, best_res.makespan_ns, min(floor_ns, best_res.makespan_ns)))
+
+    announce()
     for rnd in itertools.count():
         if rnd >= rounds:
             break
@@ -156,6 +165,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             tried.clear()
             stale = True
             log.info("solve %s: round %d (cheap move): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
+            announce()
             continue
         if free_windows and (fixed_done or rates[0] > rates[1] or (rates[0] == rates[1] and free_first)):
             left = time_budget_s - (time.perf_counter() - t0)
@@ -168,7 +178,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 continue  # fraction of that) may use the rest
             got = _free_round(problem, config, budget, best, best_res, free_size, free_tried,
                               round_s if config.deterministic else min(left, FREE_ROUND_S),
-                              deadline, progress, t0, stats, built)
+                              deadline, t0, stats, built)
             if got is None:  # every exposed collective tried at this size: widen (up to 4x), then stop
                 if free_size >= 4 * config.free_window:
                     free_windows = False
@@ -188,6 +198,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
                 moves_on = True
                 stale = True  # the fixed rounds keep the new heavy-compute order
                 log.info("solve %s: round %d (free window): makespan %d ns", problem.name, rnd, best_res.makespan_ns)
+                announce()
             continue
         window = replayer.seed_window(best_res, size, tried) if replayer and rnd < config.layer_seed_rounds else None
         window = window or _window(best_res, size, tried)
@@ -229,7 +240,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
         if not config.deterministic:
             round_s = min(left, max(MIN_ROUND_S, left / 2))
         solver = make_solver(config, round_s, lns=True)
-        status = _run(solver, builder, config, progress, t0)
+        status = _run(solver, builder, config, t0)
         paid[False][0] += round_cost(config.deterministic, solver, round_s)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             continue
@@ -248,6 +259,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
             tried.clear()
             moves_on = free_mode
             log.info("solve %s: round %d: makespan %d ns", problem.name, rnd, res.makespan_ns)
+            announce()
     st = proven(Status.FEASIBLE if method == "cpsat-lns" else Status.HEURISTIC, best_res.makespan_ns, floor_ns)
     if best_res.peak_memory_bytes > budget:
         st = Status.INFEASIBLE
@@ -258,8 +270,7 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
 
 
 def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best: Schedule, best_res: SimResult,
-                size: int, tried: set[tuple[tuple[str, ...], int]], round_s: float, deadline: float | None,
-                progress: Callable[[Progress], None] | None, t0: float,
+                size: int, tried: set[tuple[tuple[str, ...], int]], round_s: float, deadline: float | None, t0: float,
                 stats: dict[str, int], built: dict[int, float]) -> tuple[Schedule, SimResult, float] | None:
     """One free-order window round around the incumbent's most exposed untried collective
     (:func:`.cpsat_window.free_window`): its simulated answer (the incumbent when CP-SAT found
@@ -287,7 +298,7 @@ def _free_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     # no presolve: on a 120-op window of the tp backward it looped for 8.6 s before the search
     # started; without it the hint came at 1.7 s
     solver = make_solver(config, round_s, lns=True, presolve=False)
-    status = _run(solver, builder, config, progress, t0, FREE_PATIENCE_S)
+    status = _run(solver, builder, config, t0, FREE_PATIENCE_S)
     work = round_cost(config.deterministic, solver, round_s)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return best, best_res, work
@@ -318,11 +329,11 @@ def _move_round(problem: ScheduleProblem, config: SolveConfig, budget: int, best
     return None if new is best else new
 
 
-def _run(solver: cp_model.CpSolver, builder: ModelBuilder, config: SolveConfig,
-         progress: Callable[[Progress], None] | None, t0: float, patience_s: float | None = None) -> int:
+def _run(solver: cp_model.CpSolver, builder: ModelBuilder, config: SolveConfig, t0: float,
+         patience_s: float | None = None) -> int:
     """Solve a round's model: on a wall clock, stopped once it stops improving for ``patience_s``
     (default MIN_ROUND_S; solve_patiently)."""
-    reporter = SolutionReporter(progress, t0)
+    reporter = SolutionReporter(None, t0)
     if config.deterministic:
         return solver.Solve(builder.model, reporter)
     return solve_patiently(solver, builder.model, reporter, MIN_ROUND_S if patience_s is None else patience_s)

@@ -72,6 +72,22 @@ def test_progress_callback_sees_objective_and_bound() -> None:
     assert seen[-1].objective_ns == res.model_objective
 
 
+def test_progress_on_the_neighbourhood_path_speaks_of_the_whole_graph() -> None:
+    """A window model's own objective and bound speak of its window only (a free window's objective
+    is a sub-problem's makespan; a fixed window that cannot improve "proves" its incumbent). On the
+    neighbourhood path the callback sees the incumbent's makespan, never rising, and the
+    structural bound the result reports."""
+    for mode in ("fixed", "free"):
+        seen = []
+        res = solve(PROBLEMS[0], 2, SolveConfig(mode=mode, max_order_literals=0, lns_rounds=3, deterministic=True),
+                    progress=seen.append)
+        assert seen, "no progress reported"
+        makespans = [s.objective_ns for s in seen]
+        assert makespans == sorted(makespans, reverse=True)
+        assert makespans[-1] >= res.objective
+        assert all(s.bound_ns == res.lower_bound <= s.objective_ns for s in seen)
+
+
 def test_memory_budget_ratio_and_bytes() -> None:
     p = PROBLEMS[1]
     peak = simulate(p).peak_memory_bytes
