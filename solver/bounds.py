@@ -266,11 +266,11 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
     memory = None if graph is None else (graph, memory_budget_bytes)
     caps = bucket_size_caps(problem, memory_budget_bytes, graph=graph) if graph is not None else {}
     prices = _budget_prices(problem, caps)  # none without a budget (no caps)
-    late = {} if memory_budget_bytes is None else memory_heads(
+    mem_heads = {} if memory_budget_bytes is None else memory_heads(
         problem, memory_budget_bytes, weights, _memory_peaks(problem, MEMORY_HEAD_PEAKS))
     for g, cols in by_group.items():
         kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
-        heads = np.array([max(int(weights[anc[c.name]].sum()), late.get(c.name, 0)) for c in cols], dtype=np.int64)
+        heads = np.array([max(int(weights[anc[c.name]].sum()), mem_heads.get(c.name, 0)) for c in cols], dtype=np.int64)
         tails = np.array([weights[desc[c.name]].sum() for c in cols], dtype=np.int64)
         size = np.array([c.collective.size_bytes for c in cols], dtype=float)  # type: ignore[union-attr]
         kind_masks = [np.array([c.collective.kind == k for c in cols]) for k in kinds]  # type: ignore[union-attr]
@@ -296,7 +296,7 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
                 if lb > best:
                     best, limiting = lb, f"group {g}: {int(s.sum())} collectives after {int(heads[s].min())} ns"
         # after the FIFO terms: the stream term's costlier parts give up below the best so far
-        keep = _stream_set(heads, size) if any(c.name in late for c in cols) else np.arange(len(cols))
+        keep = _stream_set(heads, size) if any(c.name in mem_heads for c in cols) else np.arange(len(cols))
         stream, what = stream_release_bound(
             problem, weights, [cols[i] for i in keep], int(heads[keep].min()), int(tails[keep].min()),
             lambda members, lb_of=lb_of: _comm_of(members, lb_of, prices),
@@ -332,6 +332,8 @@ def _stream_set(heads: np.ndarray, size: np.ndarray) -> np.ndarray:
     order = np.argsort(heads, kind="stable")
     early = np.cumsum(size[order]) <= STREAM_DROP_SHARE * size.sum()  # a prefix of the order
     cut = int(early.sum())
+    if cut == len(order):  # no bytes at all: keep them
+        return np.arange(len(order))
     while cut > 0 and heads[order[cut]] == heads[order[cut - 1]]:  # drop whole head values only
         cut -= 1
     return np.sort(order[cut:])

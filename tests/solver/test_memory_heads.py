@@ -93,3 +93,16 @@ def test_memory_heads_bind_somewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     without = [makespan_lower_bound(p, default_budget(p)).makespan_ns for p in PEAKED]
     assert all(a >= b for a, b in zip(with_heads, without))
     assert sum(a > b for a, b in zip(with_heads, without)) >= 5
+
+
+def test_stream_set_leaves_out_only_whole_early_heads_within_one_percent() -> None:
+    """Heads 5, 0, 1, 7 with 100, 0.5, 3, 100 bytes: the head-0 collective holds 0.25% of the bytes
+    and goes; with the head-1 one the share would be 1.7%, so it stays. Two collectives sharing the
+    least head go together or not at all, and a group of no bytes keeps everything."""
+    import numpy as np
+    from fxsched.solver.bounds import _stream_set
+
+    assert _stream_set(np.array([5, 0, 1, 7]), np.array([100.0, 0.5, 3.0, 100.0])).tolist() == [0, 2, 3]
+    assert _stream_set(np.array([5, 0, 0, 7]), np.array([100.0, 0.5, 0.5, 100.0])).tolist() == [0, 3]
+    assert _stream_set(np.array([5, 0, 0, 7]), np.array([100.0, 0.5, 3.0, 100.0])).tolist() == [0, 1, 2, 3]
+    assert _stream_set(np.array([5, 0, 7]), np.zeros(3)).tolist() == [0, 1, 2]
