@@ -266,11 +266,12 @@ def makespan_lower_bound(problem: ScheduleProblem, memory_budget_bytes: int | No
     memory = None if graph is None else (graph, memory_budget_bytes)
     caps = bucket_size_caps(problem, memory_budget_bytes, graph=graph) if graph is not None else {}
     prices = _budget_prices(problem, caps)  # none without a budget (no caps)
+    dep_heads = {name: int(weights[a].sum()) for name, a in anc.items()}  # compute each collective depends on
     mem_heads = {} if memory_budget_bytes is None else memory_heads(
-        problem, memory_budget_bytes, weights, _memory_peaks(problem, MEMORY_HEAD_PEAKS))
+        problem, memory_budget_bytes, weights, dep_heads, _memory_peaks(problem, MEMORY_HEAD_PEAKS))
     for g, cols in by_group.items():
         kinds = sorted({c.collective.kind for c in cols}, key=lambda k: k.value)  # type: ignore[union-attr]
-        heads = np.array([max(int(weights[anc[c.name]].sum()), mem_heads.get(c.name, 0)) for c in cols], dtype=np.int64)
+        heads = np.array([max(dep_heads[c.name], mem_heads.get(c.name, 0)) for c in cols], dtype=np.int64)
         tails = np.array([weights[desc[c.name]].sum() for c in cols], dtype=np.int64)
         size = np.array([c.collective.size_bytes for c in cols], dtype=float)  # type: ignore[union-attr]
         kind_masks = [np.array([c.collective.kind == k for c in cols]) for k in kinds]  # type: ignore[union-attr]

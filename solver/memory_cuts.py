@@ -201,12 +201,13 @@ def bucket_size_caps(problem: ScheduleProblem, budget_bytes: int, *, max_arc_wor
 MEMORY_HEAD_PEAKS = 8  # ops where the original order's memory is highest, tried as splits (memory_heads)
 
 
-def memory_heads(problem: ScheduleProblem, budget_bytes: int, weights: np.ndarray,
+def memory_heads(problem: ScheduleProblem, budget_bytes: int, weights: np.ndarray, dep_heads: dict[str, int],
                  peaks: Sequence[int]) -> dict[str, int]:
     """Per collective: compute that runs before its issue in every schedule within ``budget_bytes``,
-    when that is more than its ancestors' (none listed otherwise). ``weights``: per op, its
-    compute-stream time; ``peaks``: op indices to try as splits (the ops where the original
-    order's memory is highest: the loss gradient's temporaries at the start of a backward).
+    when that is more than ``dep_heads`` gives (its ancestors' compute; none listed otherwise).
+    ``weights``: per op, its compute-stream time; ``peaks``: op indices to try as splits (the ops
+    where the original order's memory is highest: the loss gradient's temporaries at the start of
+    a backward).
 
     A collective's outputs are live from its issue (a bucket's flat buffers hold as many bytes until
     its wait; a gather bucket's, its members' output bytes) until their last reader. Take an op
@@ -238,13 +239,12 @@ def memory_heads(problem: ScheduleProblem, budget_bytes: int, weights: np.ndarra
         i = index[c.name]
         info = c.collective
         assert info is not None
-        head = int(weights[bit_mask(problem.ancestors[i], n)].sum())
         out = sum(sizes[s].size_bytes for s in c.allocates)
         if info.kind.bucket_copies_out:
             out = min(out, info.bytes_out)
         users = [index[u] for s in c.allocates for u in readers.get(s, ()) if u != i]
         for h_x, x, live in splits:
-            if h_x <= head:
+            if h_x <= dep_heads[c.name]:
                 break
             related = (problem.descendants[i] | problem.ancestors[i]) >> x & 1
             needed = any(u == x or problem.ancestors[u] >> x & 1 for u in users)  # a reader runs after x

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from fxsched.solver import bounds
-from fxsched.solver.bounds import _memory_peaks, _weights, makespan_lower_bound
+from fxsched.solver.bounds import _memory_peaks, _stream_set, _weights, makespan_lower_bound
 from fxsched.solver.memory_cuts import MEMORY_HEAD_PEAKS, memory_heads
+from fxsched.solver.problem import bit_mask
 from oracle import brute_force, default_budget
 from solver_builders import AG, coll, compute, make_problem, storage, wait
 
@@ -29,7 +31,9 @@ def loss_then_gather(temp: int = 1_000, gathered: int = 500):
 
 
 def _heads(p, budget: int) -> dict[str, int]:
-    return memory_heads(p, budget, _weights(p), _memory_peaks(p, MEMORY_HEAD_PEAKS))
+    w = _weights(p)
+    dep = {c.name: int(w[bit_mask(p.ancestors[p.index[c.name]], len(p.ops))].sum()) for c in p.collectives}
+    return memory_heads(p, budget, w, dep, _memory_peaks(p, MEMORY_HEAD_PEAKS))
 
 
 def test_a_gather_that_does_not_fit_beside_the_peak_waits_for_it() -> None:
@@ -99,9 +103,6 @@ def test_stream_set_leaves_out_only_whole_early_heads_within_one_percent() -> No
     """Heads 5, 0, 1, 7 with 100, 0.5, 3, 100 bytes: the head-0 collective holds 0.25% of the bytes
     and goes; with the head-1 one the share would be 1.7%, so it stays. Two collectives sharing the
     least head go together or not at all, and a group of no bytes keeps everything."""
-    import numpy as np
-    from fxsched.solver.bounds import _stream_set
-
     assert _stream_set(np.array([5, 0, 1, 7]), np.array([100.0, 0.5, 3.0, 100.0])).tolist() == [0, 2, 3]
     assert _stream_set(np.array([5, 0, 0, 7]), np.array([100.0, 0.5, 0.5, 100.0])).tolist() == [0, 3]
     assert _stream_set(np.array([5, 0, 0, 7]), np.array([100.0, 0.5, 3.0, 100.0])).tolist() == [0, 1, 2, 3]
