@@ -88,6 +88,56 @@ def test_release_curve_is_the_least_compute_holding_the_bytes() -> None:
     assert v[0] <= 0 and 0 < v[1] <= 1_000 and v[2] == pytest.approx(2_000, abs=1)
 
 
+def _curve_inputs(p):
+    weights = np.array([op.runtime_ns if op.kind.value in ("compute", "zero") else 0 for op in p.ops],
+                       dtype=np.int64)
+    sizes = np.zeros(len(p.ops), dtype=np.int64)
+    for c in p.collectives:
+        sizes[p.index[c.name]] = c.collective.size_bytes
+    return weights, sizes
+
+
+def test_release_curve_is_exact_on_a_slow_then_fast_staircase() -> None:
+    """a (10,000 ns) releases r1, then b (100 ns, after a) releases r2, 1500 B each. Holding any
+    of the bytes needs a (10,000 ns), all of them a and b (10,100 ns). The Lagrangian minorant is
+    the line from 0 to 10,100 ns at 3000 B: 5050 ns at 1500 B. Each collective's own closure (r1:
+    a; r2: a and b) gives the step exactly."""
+    p = make_problem([
+        compute("a", 10_000, heavy=True),
+        coll("r1", "A", RS, runtime_ns=5_150, bytes_in=1_000, bytes_out=500, deps=["a"]), wait("w1", "r1"),
+        compute("b", 100, deps=["a"], heavy=True),
+        coll("r2", "A", RS, runtime_ns=5_150, bytes_in=1_000, bytes_out=500, deps=["b"]), wait("w2", "r2"),
+    ], groups=("A",))
+    weights, sizes = _curve_inputs(p)
+    closure = _Closure(p, reverse=False)
+    xs = np.array([0.0, 1.0, 1_500.0, 1_501.0, 3_000.0])
+    assert list(_release_curve(closure, weights, sizes, xs)) == [0, 10_000, 10_000, 10_100, 10_100]
+    assert list(closure.ordered_curve(weights, sizes, xs)) == [0, 10_000, 10_000, 10_100, 10_100]
+    # users' side (time reversed): holding r2's bytes needs w2 only (no compute); r1's, w1 only
+    assert list(_Closure(p, reverse=True).ordered_curve(weights, sizes, xs)) == [0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_release_curve_never_exceeds_the_least_closed_set(seed: int) -> None:
+    """On generated problems, both sides: at every byte count the curve is at most the least
+    compute of a closed set holding that many bytes, found by enumerating every closed set."""
+    p = PROBLEMS[seed]
+    weights, sizes = _curve_inputs(p)
+    n = len(p.ops)
+    for reverse in (False, True):
+        closed = p.descendants if reverse else p.ancestors
+        least: dict[int, int] = {}  # bytes held -> least compute of a closed set holding exactly them
+        for mask in range(1 << n):  # tiny problems: every subset, kept when closed
+            if all(closed[i] & ~mask == 0 for i in range(n) if mask >> i & 1):
+                ops = [i for i in range(n) if mask >> i & 1]
+                held, work = int(sizes[ops].sum()), int(weights[ops].sum())
+                least[held] = min(least.get(held, work), work)
+        xs = np.linspace(0.0, float(sizes.sum()), 33)
+        curve = _release_curve(_Closure(p, reverse), weights, sizes, xs)
+        for x, v in zip(xs, curve):
+            assert v <= min(w for held, w in least.items() if held >= x)
+
+
 def test_least_end_by_hand() -> None:
     """Three cells of 1 byte, bucket cost 10 ns + 1 ns per covered cell. Releases 0, 0, 5, 20 at
     the cell starts (the last is the final byte). Starting at 0: one bucket to the end starts at
@@ -156,18 +206,17 @@ def test_a_gather_compute_needs_first_stalls_the_releases(monkeypatch: pytest.Mo
     first (100 + 3000 ns) and ends at 15,700; r1 alone from 7150, then a bucket of two after its
     copy, ends at 17,600: the optimum is at least 15,700.
 
-    The term's relaxation releases the reduce-scatters' bytes along the least compute holding
-    them, the line 2000 x / 4500 (the Lagrangian minorant: all of them need x and y), here after
-    the stall: 5150 + 0.444 x. A first bucket of s <= 1500 B (it may be one collective: no copy)
-    from 5150 + 0.444 s ends at 10,150 + 0.544 s; the rest (4500 - s B, a bucket: it copies in
-    100 + 2/3 of its bytes) starts at max(that, 7150 + 3100 - 0.667 s), least at s = 82.6 B:
-    10,195, and ends 5000 + 0.1 (4500 - s) later: 15,637, less the grid's cell of bytes (under
-    10 ns). Without the stall the stream term runs g first and the reductions from 2000 (one
+    The term's relaxation releases the reduce-scatters' bytes once the least compute holding them
+    has run: each needs x and y (2000 ns, its own closure), so after the stall all are released
+    at 7150. One bucket of all three (copy-in 3100 ns) then ends at 15,700; r1 alone first ends
+    at 12,150 and the rest after it at 17,600. The term is 15,700 less the grid's cell of bytes
+    (under 10 ns): the optimum. The Lagrangian minorant alone (the line 2000 x / 4500 B) gave
+    15,637. Without the stall the stream term runs g first and the reductions from 2000 (one
     bucket: 5150 + 5450 = 10,600); the best other term is the chain g -> x -> y -> r1: 5150 + 2000
     + 5150 = 12,300."""
     p = gather_then_reductions()
     b = makespan_lower_bound(p)
-    assert 15_627 <= b.makespan_ns <= 15_637
+    assert 15_690 <= b.makespan_ns <= 15_700
     assert "reduce_scatter released by compute" in b.limiting
     assert brute_force(p, budget_bytes=NO_BUDGET).best_makespan_ns >= 15_700
     _without_stall(monkeypatch)
@@ -235,8 +284,12 @@ def test_stall_binds_somewhere(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_stall_splits_bind_somewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not vacuous: halving the stall interval that decides the term raises the bound on several of
-    these problems (9 of the 30 at this writing), never lowers it, and the bound stays below the
-    brute-force optimum (test_stalled_stream_bound_never_exceeds_the_optimum)."""
+    these problems and never lowers it (never above the brute-force optimum:
+    test_stalled_stream_bound_never_exceeds_the_optimum). Their closures nest (one chain), where
+    the collectives' own closures give the releases exactly and the least stall sits on the grid;
+    the splits pay where the releases are the Lagrangian minorant's line (the 4-node FSDP
+    backward: 151.20 to 151.91 ms), so that is what this checks them on."""
+    monkeypatch.setattr(stream_bound._Closure, "ordered_curve", lambda self, weights, sizes, xs: np.zeros(len(xs)))
     with_splits = [makespan_lower_bound(p).makespan_ns for p in STALLED]
     monkeypatch.setattr(stream_bound, "STALL_SPLITS", 0)
     without = [makespan_lower_bound(p).makespan_ns for p in STALLED]
