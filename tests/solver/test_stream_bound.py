@@ -20,14 +20,14 @@ LATENCY_CURVE = ((0, 5_000), (1_000, 5_100))  # 5000 ns + 0.1 ns per byte: bucke
 NO_BUDGET = 10**15
 
 
-def staggered_reductions():
+def staggered_reductions(a_ns: int = 1_000, b_ns: int = 1_000):
     """a (1000 ns) -> rs1, then b (1000 ns, after a) -> rs2: two reduce-scatters of 1500 B (1000
     in, 500 out) released 1000 ns apart, on a 5000 ns + 0.1 ns/B curve (5150 ns alone), nothing
-    after them."""
+    after them (``a_ns``, ``b_ns``: other compute times)."""
     p = make_problem([
-        compute("a", 1_000, heavy=True),
+        compute("a", a_ns, heavy=True),
         coll("rs1", "A", RS, runtime_ns=5_150, bytes_in=1_000, bytes_out=500, deps=["a"]), wait("w1", "rs1"),
-        compute("b", 1_000, deps=["a"], heavy=True),
+        compute("b", b_ns, deps=["a"], heavy=True),
         coll("rs2", "A", RS, runtime_ns=5_150, bytes_in=1_000, bytes_out=500, deps=["b"]), wait("w2", "rs2"),
     ], groups=("A",))
     return dataclasses.replace(p, comm_curves=curves_for(("A",), LATENCY_CURVE))
@@ -72,22 +72,6 @@ def test_least_end_waits_for_the_lead() -> None:
     assert _least_end(0.0, np.array([0.0, 0.0, 5.0, 20.0]), cell_cost, np.array([0.0, 0.0, 30.0])) == 30.0
 
 
-def test_release_curve_is_the_least_compute_holding_the_bytes() -> None:
-    """Holding rs1's 1500 B needs a (1000 ns); holding more needs b too (2000 ns). The Lagrangian
-    bound is the convex minorant of that step: 0 at 0 B, and exact at the ends of each piece it
-    can reach: at 1000 B no more than 1000 ns, at 2000 B exactly 2000 ns (all of it)."""
-    p = staggered_reductions()
-    weights = np.array([op.runtime_ns if op.kind.value in ("compute", "zero") else 0 for op in p.ops],
-                       dtype=np.int64)
-    sizes = np.zeros(len(p.ops), dtype=np.int64)
-    for c in p.collectives:
-        sizes[p.index[c.name]] = c.collective.size_bytes
-    total = int(sizes.sum())
-    xs = np.array([0.0, total / 2, float(total)])
-    v = _release_curve(_Closure(p, reverse=False), weights, sizes, xs)
-    assert v[0] <= 0 and 0 < v[1] <= 1_000 and v[2] == pytest.approx(2_000, abs=1)
-
-
 def _curve_inputs(p):
     weights = np.array([op.runtime_ns if op.kind.value in ("compute", "zero") else 0 for op in p.ops],
                        dtype=np.int64)
@@ -97,17 +81,25 @@ def _curve_inputs(p):
     return weights, sizes
 
 
+def test_release_curve_is_the_least_compute_holding_the_bytes() -> None:
+    """Holding rs1's 1500 B needs a (1000 ns); holding more needs b too (2000 ns). The Lagrangian
+    bound is the convex minorant of that step (at most 1000 ns at 1500 B, exactly 2000 ns at all
+    3000 B); with the collectives' own closures the curve is the step itself."""
+    p = staggered_reductions()
+    weights, sizes = _curve_inputs(p)
+    total = int(sizes.sum())
+    xs = np.array([0.0, total / 2, float(total)])
+    v = _release_curve(_Closure(p, reverse=False), weights, sizes, xs)
+    assert list(v) == [0, 1_000, 2_000]
+    assert _release_curve(_Closure(p, reverse=False), weights, sizes, np.array([total / 2 + 1]))[0] == 2_000
+
+
 def test_release_curve_is_exact_on_a_slow_then_fast_staircase() -> None:
-    """a (10,000 ns) releases r1, then b (100 ns, after a) releases r2, 1500 B each. Holding any
+    """a (10,000 ns) releases rs1, then b (100 ns, after a) releases rs2, 1500 B each. Holding any
     of the bytes needs a (10,000 ns), all of them a and b (10,100 ns). The Lagrangian minorant is
-    the line from 0 to 10,100 ns at 3000 B: 5050 ns at 1500 B. Each collective's own closure (r1:
-    a; r2: a and b) gives the step exactly."""
-    p = make_problem([
-        compute("a", 10_000, heavy=True),
-        coll("r1", "A", RS, runtime_ns=5_150, bytes_in=1_000, bytes_out=500, deps=["a"]), wait("w1", "r1"),
-        compute("b", 100, deps=["a"], heavy=True),
-        coll("r2", "A", RS, runtime_ns=5_150, bytes_in=1_000, bytes_out=500, deps=["b"]), wait("w2", "r2"),
-    ], groups=("A",))
+    the line from 0 to 10,100 ns at 3000 B: 5050 ns at 1500 B. Each collective's own closure (rs1:
+    a; rs2: a and b) gives the step exactly."""
+    p = staggered_reductions(a_ns=10_000, b_ns=100)
     weights, sizes = _curve_inputs(p)
     closure = _Closure(p, reverse=False)
     xs = np.array([0.0, 1.0, 1_500.0, 1_501.0, 3_000.0])
