@@ -13,7 +13,10 @@ Columns (DESIGN.md "What good means"): exposed comm time, makespan, hidden/hidea
 collectives, collectives after bucketing, peak memory (absolute and vs the original order),
 solve time (the scheduler's own wall time on this machine), a lower bound on the makespan and
 the gap to it, how the row was scored, and for Inductor rows its own estimate (exposed time and
-hidden/hideable counts as it logs them). The bound of a CP-SAT row is the larger of CP-SAT's
+hidden/hideable counts as it logs them). Under each table, DESIGN.md's per-collective table of
+the best CP-SAT schedule against the original order (initial and final exposed time and what
+limits each collective, ``fxbridge.timeline``): counts per limiting factor, and the most exposed
+collectives. The bound of a CP-SAT row is the larger of CP-SAT's
 proven bound (which holds over its modelled space only: fixed heavy-compute order, its bucket
 candidates, the memory budget) and ``makespan_lower_bound`` with the solve's memory budget
 (valid for every schedule within it); other rows, which may exceed the budget (Inductor's
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..fxbridge.extract import Extraction, extract_problem
+from ..fxbridge.timeline import CollectiveRow, collective_rows
 from ..heuristics import HEURISTICS
 from ..solver.bounds import forced_exposed, makespan_lower_bound
 from ..solver.cpsat import SolveConfig, resolve_budget, solve
@@ -68,6 +72,7 @@ PATCH_NOTE = (
     "= `collective_estimator` = `analytical`, `enable_fusion_regions` = False (fxsched's costs "
     "already price fusion), `insert_overlap_deps` = False; everything else at its default.")
 CRITERION = "fxsched's exposed time at most half of Inductor's, or its makespan within 1% of the proven bound"
+PER_COLLECTIVE_ROWS = 12  # exposed collectives listed per graph part (the most exposed first)
 HIDDEN_TARGET = 0.99  # of the hideable collectives, where the bounds do not prove it out of reach
 
 
@@ -82,6 +87,7 @@ class Row:
     bound_ns: int | None = None  # a lower bound on the makespan (see module docstring)
     inductor: InductorReport | None = None
     note: str = ""
+    schedule: Schedule | None = None  # CP-SAT rows: for the per-collective table
 
     @property
     def gap(self) -> float | None:
@@ -99,6 +105,7 @@ class PartReport:
     notes: list[str]
     budget_bound_ns: int | None = None  # the same within the solves' memory budget
     forced_exposed: int = 0  # collectives exposed in every schedule (bounds.forced_exposed)
+    budget_bytes: int | None = None  # the solves' memory budget (the per-collective table's "memory budget")
 
     def best(self, prefix: str) -> Row | None:
         """The row with the least exposed time among rows whose label starts with ``prefix``."""
@@ -203,14 +210,16 @@ def compare_part(
                              f"{alt.n_collectives} collectives, peak {alt.peak_memory_bytes / 2**20:,.1f} MiB.")
             except Exception as e:  # noqa: BLE001 - reported as a note
                 notes.append(f"`{variant.label}` cross-check (re-extraction) failed: `{type(e).__name__}: {e}`")
-    budget_bound = makespan_lower_bound(problem, resolve_budget(problem, solve_config.memory_budget)).makespan_ns
+    budget_bytes = resolve_budget(problem, solve_config.memory_budget)
+    budget_bound = makespan_lower_bound(problem, budget_bytes).makespan_ns
     for budget, mode in ((b, m) for b in budgets for m in modes):
         t0 = time.perf_counter()
         r = solve(problem, budget, dataclasses.replace(solve_config, mode=mode))
         wall = time.perf_counter() - t0
         rows.append(Row(f"cpsat {mode} {budget:g}s", simulate(problem, r.schedule), wall,
-                        f"simulated ({r.status.value}, {r.method})", max(r.lower_bound, global_bound)))
-    return PartReport(problem, rows, global_bound, notes, budget_bound, forced_exposed(problem))
+                        f"simulated ({r.status.value}, {r.method})", max(r.lower_bound, global_bound),
+                        schedule=r.schedule))
+    return PartReport(problem, rows, global_bound, notes, budget_bound, forced_exposed(problem), budget_bytes)
 
 
 def _fmt_us(ns: int) -> str:
@@ -250,7 +259,39 @@ def render_part(report: PartReport, extract_s: float, n_nodes: int) -> list[str]
                   if report.budget_bound_ns is not None else "."))
     out += [f"- {n}" for n in report.notes]
     out += ["", report.summary(), ""]
+    fx_row = report.fxsched_row()
+    if fx_row is not None and fx_row.schedule is not None:
+        out += render_collectives(fx_row.scheduler, collective_rows(
+            p, fx_row.schedule, memory_budget_bytes=report.budget_bytes))
     return out
+
+
+def render_collectives(label: str, rows: Sequence[CollectiveRow], most: int = PER_COLLECTIVE_ROWS) -> list[str]:
+    """DESIGN.md's per-collective table for ``label``'s schedule against the original order
+    (``fxbridge.timeline.collective_rows``, as ``fxsched report`` writes it): every collective
+    summed up by what limits it, then the exposed ones, the ``most`` most exposed first."""
+    exposed = sorted((r for r in rows if r.final_exposed_ns > 0), key=lambda r: -r.final_exposed_ns)
+    counts: dict[str, int] = {}
+    for r in rows:
+        key = "FIFO" if r.limiting.startswith("FIFO") else r.limiting
+        counts[key] = counts.get(key, 0) + 1
+    lines = [f"Per collective, `{label}` against the original order ({len(rows)} collectives after "
+             f"bucketing; exposed {_fmt_us(sum(r.initial_exposed_ns for r in rows))} us before, "
+             f"{_fmt_us(sum(r.final_exposed_ns for r in rows))} us after): "
+             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) + ".", ""]
+    if not exposed:
+        return lines
+    head = ["collective", "kind", "group", "MiB", "runtime us", "initial exposed us", "final exposed us",
+            "FIFO wait us", "limiting factor"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 5 + ["---"]) + "|"]
+    for r in exposed[:most]:
+        cells = [r.name, r.kind, r.group, f"{r.size_bytes / 2**20:,.1f}", _fmt_us(r.runtime_ns),
+                 _fmt_us(r.initial_exposed_ns), _fmt_us(r.final_exposed_ns), _fmt_us(r.fifo_delay_ns), r.limiting]
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(exposed) > most:
+        lines.append(f"| ({len(exposed) - most} more exposed, {_fmt_us(sum(r.final_exposed_ns for r in exposed[most:]))}"
+                     " us in all) |" + " |" * 8)
+    return lines + [""]
 
 
 def _budget_text(config: SolveConfig) -> str:

@@ -168,6 +168,7 @@ def test_section_renders(zoo: ZooGraph, tmp_path: Path) -> None:
     summary = report.summary()
     assert "best Inductor" in summary and ("HOLDS" in summary or "FAILS" in summary)
     assert summary in text
+    assert f"Per collective, `{cp.scheduler}` against the original order" in text
     out = tmp_path / "cmp.md"
     compare.write_section(out, text)
     assert out.read_text().count(compare.BEGIN) == 1
@@ -224,3 +225,30 @@ def test_hidden_target_is_waived_only_where_the_bounds_put_it_out_of_reach() -> 
     r = report(queue, Schedule.original(queue))
     assert (r.forced_exposed, r.global_bound_ns) == (0, 7_000)
     assert r.hidden_target(r.rows[1]) == "hidden 0/100 hideable (0.0%); 99% target FAILS"
+
+
+def test_per_collective_table_lists_the_exposed_by_what_limits_them() -> None:
+    """Hand-derived. c1 (300 ns) feeds x (200); c2 (100 ns) is independent of x and y (200 each).
+    In the original order each is issued and waited at once: exposed 300 and 100 ns. Waiting on
+    c2 after x and y hides it; c1 stays exposed (300 ns), and no order can hide it, since x and
+    y both depend on it: one exposed row, c1, limited by "no independent compute". With one row
+    allowed of the original order's two, the most exposed (c1) is listed and the other summed."""
+    from tests.solver.solver_builders import coll, compute, make_problem, wait
+
+    p = make_problem([coll("c1", runtime_ns=300), wait("w1", "c1"), coll("c2", runtime_ns=100), wait("w2", "c2"),
+                      compute("x", 200, deps=["w1"], heavy=True), compute("y", 200, deps=["x"], heavy=True)])
+    original = compare.render_collectives("original", compare.collective_rows(p))
+    assert original[0].startswith("Per collective, `original` against the original order (2 collectives after "
+                                  "bucketing; exposed 0.4 us before, 0.4 us after): ")
+    table = [line for line in original if line.startswith(("| c1 ", "| c2 "))]
+    assert [line.split(" | ")[0] for line in table] == ["| c1", "| c2"]  # most exposed first
+    short = compare.render_collectives("original", compare.collective_rows(p), most=1)
+    assert [line.split(" | ")[0] for line in short if line.startswith(("| c1 ", "| c2 "))] == ["| c1"]
+    assert "| (1 more exposed, 0.1 us in all) |" in short[-2]
+    order = ["c1", "w1", "c2", "x", "y", "w2"]
+    sched = Schedule(order=tuple(order), buckets=())
+    assert check_schedule(p, sched) == []
+    rows = compare.collective_rows(p, sched)
+    text = compare.render_collectives("moved", rows)
+    assert text[0].endswith("exposed 0.4 us before, 0.3 us after): no independent compute 1, hidden 1.")
+    assert [line.split(" | ")[0] for line in text if line.startswith(("| c1 ", "| c2 "))] == ["| c1"]
