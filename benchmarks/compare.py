@@ -270,6 +270,8 @@ def render_collectives(label: str, rows: Sequence[CollectiveRow], most: int = PE
     """DESIGN.md's per-collective table for ``label``'s schedule against the original order
     (``fxbridge.timeline.collective_rows``, as ``fxsched report`` writes it): every collective
     summed up by what limits it, then the exposed ones, the ``most`` most exposed first."""
+    if not rows:  # no collectives: nothing to tabulate
+        return []
     exposed = sorted((r for r in rows if r.final_exposed_ns > 0), key=lambda r: -r.final_exposed_ns)
     counts: dict[str, int] = {}
     for r in rows:

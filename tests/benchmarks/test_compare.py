@@ -252,3 +252,4 @@ def test_per_collective_table_lists_the_exposed_by_what_limits_them() -> None:
     text = compare.render_collectives("moved", rows)
     assert text[0].endswith("exposed 0.4 us before, 0.3 us after): no independent compute 1, hidden 1.")
     assert [line.split(" | ")[0] for line in text if line.startswith(("| c1 ", "| c2 "))] == ["| c1"]
+    assert compare.render_collectives("none", []) == []  # a graph part without collectives gets no block
