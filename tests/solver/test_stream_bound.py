@@ -94,7 +94,7 @@ def test_release_curve_is_the_least_compute_holding_the_bytes() -> None:
     assert _release_curve(_Closure(p, reverse=False), weights, sizes, np.array([total / 2 + 1]))[0] == 2_000
 
 
-def test_release_curve_is_exact_on_a_slow_then_fast_staircase() -> None:
+def test_release_curve_is_exact_on_a_slow_then_fast_staircase(monkeypatch: pytest.MonkeyPatch) -> None:
     """a (10,000 ns) releases rs1, then b (100 ns, after a) releases rs2, 1500 B each. Holding any
     of the bytes needs a (10,000 ns), all of them a and b (10,100 ns). The Lagrangian minorant is
     the line from 0 to 10,100 ns at 3000 B: 5050 ns at 1500 B. Each collective's own closure (rs1:
@@ -105,8 +105,10 @@ def test_release_curve_is_exact_on_a_slow_then_fast_staircase() -> None:
     xs = np.array([0.0, 1.0, 1_500.0, 1_501.0, 3_000.0])
     assert list(_release_curve(closure, weights, sizes, xs)) == [0, 10_000, 10_000, 10_100, 10_100]
     assert list(closure.ordered_curve(weights, sizes, xs)) == [0, 10_000, 10_000, 10_100, 10_100]
-    # users' side (time reversed): holding r2's bytes needs w2 only (no compute); r1's, w1 only
+    # users' side (time reversed): holding rs2's bytes needs w2 only (no compute); rs1's, w1 only
     assert list(_Closure(p, reverse=True).ordered_curve(weights, sizes, xs)) == [0, 0, 0, 0, 0]
+    monkeypatch.setattr(_Closure, "ordered_curve", lambda self, weights, sizes, xs: np.zeros(len(xs)))
+    assert 0 < _release_curve(closure, weights, sizes, np.array([1_500.0]))[0] <= 5_050  # the minorant alone
 
 
 @pytest.mark.parametrize("seed", range(20))
