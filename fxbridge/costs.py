@@ -367,9 +367,29 @@ def _launches_kernel(node: fx.Node) -> bool:
     return _packet(node.target) not in _ALLOC_ONLY_PACKETS and _has_tensor(node.meta.get("val"))
 
 
+def _old_torch_roofline_ms(node: fx.Node) -> float:
+    """torch 2.13's ``estimate_roofline_runtime_ms`` for a torch without it: the max of the
+    FLOP time and the transfer time of ``torch.utils._runtime_estimation`` (ms)."""
+    from torch.utils._pytree import tree_flatten, tree_map
+    from torch.utils._runtime_estimation import get_compute_time, get_transfer_time
+
+    if fusion_regions.is_view_node(node):
+        return 0.0
+    val = lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a  # noqa: E731
+    args, kwargs, out = tree_map(val, node.args), tree_map(val, node.kwargs), node.meta.get("val")
+    if out is None:
+        return 0.0
+    flat_in, _ = tree_flatten((args, kwargs))
+    flat_out, _ = tree_flatten(out)
+    dtypes = [t.dtype for t in flat_out if isinstance(t, torch.Tensor)]
+    compute_ns = get_compute_time(_packet(node.target), args, kwargs, out, {dtypes[0]}) if dtypes else 0.0
+    return max(float(compute_ns), float(get_transfer_time(flat_in, flat_out))) / 1e6
+
+
 def _roofline_ms(node: fx.Node) -> float:
+    estimate = getattr(overlap_scheduling, "estimate_roofline_runtime_ms", _old_torch_roofline_ms)
     try:
-        return float(overlap_scheduling.estimate_roofline_runtime_ms(node))
+        return float(estimate(node))
     except Exception as e:  # flop formulas / dtype lookups: re-raise naming the node
         raise ValueError(f"cannot estimate the runtime of {_describe(node)}: {e}") from e
 
@@ -409,6 +429,12 @@ def compute_runtimes_ns(
 
         region_of: dict[fx.Node, OrderedSet[fx.Node]] = {}
         fused_ms: dict[fx.Node, float] = {}
+        if fuse and not hasattr(fusion_regions, "estimate_fused_node_costs"):
+            # torch before 2.13 prices fusion regions only by collapsing the graph into
+            # subgraph modules; pricing each node alone over-charges pointwise chains.
+            log.warning("torch %s has no fusion_regions.estimate_fused_node_costs: pointwise "
+                        "fusion is not priced, each node pays its own I/O", torch.__version__)
+            fuse = False
         if fuse:
             region_of = fusion_regions.build_fusion_regions(gm)
             if region_of:

@@ -257,8 +257,16 @@ def _live_group(gname: str, node: fx.Node) -> ProcessGroup:
         ) from e
 
 
+def _resolve_group_name(group_name: Any) -> str:
+    """bucketing.py's ``_resolve_group_name`` where torch has it (a group given as an FX node,
+    as compile-on-one-rank graphs do); torch before 2.13 takes only strings."""
+    from torch._inductor.fx_passes import bucketing
+
+    resolve = getattr(bucketing, "_resolve_group_name", None)
+    return str(resolve(group_name) if resolve is not None else group_name)
+
+
 def _group_name(node: fx.Node) -> str:
-    from torch._inductor.fx_passes.bucketing import _resolve_group_name
     from torch.fx.operator_schemas import normalize_function
 
     norm = normalize_function(node.target, args=node.args, kwargs=node.kwargs,  # type: ignore[arg-type]

@@ -30,7 +30,8 @@ originals on exit:
 ``torch._inductor.utils``, so its own module globals are what the roofline calls):
   * ``get_gpu_dram_gbps`` -> ``profile.memory_bandwidth_gbps``
   * ``get_device_tflops`` -> ``profile.tflops(dtype)``
-  * ``flops_to_ns`` -> ``flops / (profile.tflops(dtype) * 1e12)`` seconds. Replaced, not
+  * ``flops_to_ns`` -> ``flops / (profile.tflops(dtype) * 1e12)`` seconds (on a torch
+    without it, ``get_device_tflops`` is scaled so its inline formula gives the same). Replaced, not
     reused: torch's version halves the FLOP count ("FLOPs to MACs") and divides by 75% of
     the peak. That matches triton's MAC-per-second fallback numbers, but with the dense
     datasheet FLOP/s that ``get_device_tflops`` returns on a real GPU it prices a GEMM
@@ -247,8 +248,30 @@ def _make_flops_to_ns(profile: HardwareProfile) -> Any:
     return flops_to_ns
 
 
+# torch before 2.13 has no ``flops_to_ns``: its ``get_compute_time`` prices
+# ``(flops / 2) / (0.75 * get_device_tflops(dtype) * 1e15)`` seconds inline. Reporting the peak
+# divided by this factor makes that exactly ``flops / (tflops * 1e12)``, the textbook roofline.
+_INLINE_ROOFLINE_SCALE = 1e15 * 0.75 * 2 / 1e12
+
+
+def _roofline_patch(runtime_estimation: Any, profile: HardwareProfile) -> dict[str, Any]:
+    """The ``torch.utils._runtime_estimation`` attributes to replace for ``profile``: the same
+    FLOP-time for the installed torch whether or not it has ``flops_to_ns``."""
+    values: dict[str, Any] = {"get_gpu_dram_gbps": lambda: profile.memory_bandwidth_gbps}
+    if hasattr(runtime_estimation, "flops_to_ns"):
+        values["get_device_tflops"] = profile.tflops
+        values["flops_to_ns"] = _make_flops_to_ns(profile)
+    else:
+        values["get_device_tflops"] = lambda dtype: profile.tflops(dtype) / _INLINE_ROOFLINE_SCALE
+    return values
+
+
 @contextmanager
-def _patch_attrs(module: Any, values: dict[str, Any]) -> Iterator[None]:
+def _patch_attrs(module: Any, values: dict[str, Any], optional: tuple[str, ...] = ()) -> Iterator[None]:
+    """Set ``module``'s attributes to ``values`` for the block. A name in ``optional`` that the
+    installed torch lacks is skipped (``comm_analysis._has_nvlink`` came after torch 2.11); any
+    other missing name is an error, since patching it would silently do nothing."""
+    values = {name: v for name, v in values.items() if name not in optional or hasattr(module, name)}
     saved = {name: getattr(module, name) for name in values}
     try:
         for name, value in values.items():
@@ -283,18 +306,10 @@ def hardware_context(profile: HardwareProfile | str) -> Iterator[HardwareProfile
                     "_has_nvlink": lambda: True,
                     "torch": _TorchProxy(profile.gpus_per_node),
                 },
+                optional=("_has_nvlink",),
             )
         )
-        stack.enter_context(
-            _patch_attrs(
-                runtime_estimation,
-                {
-                    "get_gpu_dram_gbps": lambda: profile.memory_bandwidth_gbps,
-                    "get_device_tflops": profile.tflops,
-                    "flops_to_ns": _make_flops_to_ns(profile),
-                },
-            )
-        )
+        stack.enter_context(_patch_attrs(runtime_estimation, _roofline_patch(runtime_estimation, profile)))
         if config_patch:
             stack.enter_context(inductor_config.patch(config_patch))
         yield profile
