@@ -138,9 +138,11 @@ def _post_grad_apply(ext: Any, schedule: Any, group: str, price_ranks: int, cont
 
 
 def run_check(device: str = "cpu", layers: int = 4, dim: int = 64, rows: int = 16, price_ranks: int = 8,
-              budget_s: float = 2.0, memory: float = 2.0, control_deps: bool = True) -> dict[str, Any]:
+              budget_s: float = 2.0, memory: float = 2.0, control_deps: bool = True,
+              peak_memory_reorder: bool = False) -> dict[str, Any]:
     """Steps 1-3 of the module doc in this process (which must have a world-size-1 default
-    group on ``device``'s backend); the report. ``control_deps=False`` applies the schedule
+    group on ``device``'s backend); the report. ``peak_memory_reorder=True`` leaves Inductor's
+    ``reorder_for_peak_memory`` on (the compile hook turns it off). ``control_deps=False`` applies the schedule
     without them, to see what Inductor does with the order alone."""
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
@@ -153,7 +155,8 @@ def run_check(device: str = "cpu", layers: int = 4, dim: int = 64, rows: int = 1
     group = str(dist.group.WORLD.group_name)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     inputs = make_inputs(layers, dim, rows, dist.get_world_size(), device, dtype)
-    report: dict[str, Any] = {"device": device, "layers": layers, "dim": dim, "checks": {}}
+    report: dict[str, Any] = {"device": device, "torch": torch.__version__, "layers": layers, "dim": dim,
+                              "control_deps": control_deps, "peak_memory_reorder": peak_memory_reorder, "checks": {}}
     checks = report["checks"]
     t0 = time.perf_counter()
     gm = trace(step(group), inputs)
@@ -173,7 +176,7 @@ def run_check(device: str = "cpu", layers: int = 4, dim: int = 64, rows: int = 1
         ref = [t.wait() if hasattr(t, "wait") else t for t in gm(*inputs)]
         with inductor_config.patch(post_grad_custom_post_pass=_post_grad_apply(ext, res.schedule, group, price_ranks,
                                                                                 control_deps, in_pass),
-                                   fx_graph_cache=False):
+                                   fx_graph_cache=False, reorder_for_peak_memory=peak_memory_reorder):
             compiled = compile_fx_inner(copy.deepcopy(gm), list(inputs))
         got = compiled(list(inputs))
     report["seconds"] = round(time.perf_counter() - t0, 1)
@@ -198,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=10.0)
     ap.add_argument("--memory", type=float, default=2.0, help="memory budget, a ratio of the original peak")
     ap.add_argument("--no-control-deps", action="store_true", help="apply without control dependencies")
+    ap.add_argument("--peak-memory-reorder", action="store_true",
+                    help="leave Inductor's reorder_for_peak_memory on (the compile hook turns it off)")
     ap.add_argument("--out", default=None, help="also write the JSON report here")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -210,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report = run_check(args.device, args.layers, args.dim or (4096 if cuda else 64),
                                args.rows or (8192 if cuda else 16), args.price_ranks, args.budget, args.memory,
-                               not args.no_control_deps)
+                               not args.no_control_deps, args.peak_memory_reorder)
         finally:
             dist.destroy_process_group()
     text = json.dumps(report, indent=1)

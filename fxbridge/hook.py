@@ -525,6 +525,24 @@ def _set_passes(fxpass: FxschedPass | None) -> None:
     inductor_config.post_grad_custom_post_pass = None if not passes else passes[0] if len(passes) == 1 else passes
 
 
+# Inductor's scheduler reorders the nodes of every graph for peak memory by default
+# (``config.reorder_for_peak_memory``), after the post-grad passes. On an H100 (torch 2.11) it
+# moved the reduce_scatters and waits of an applied schedule (benchmarks/device_check.py), so
+# the hook turns it off while enabled, as torch's own "lite mode" does to keep a given order;
+# the schedule already keeps within its memory budget. The user's value is restored on disable.
+_saved_peak_memory_reorder: list[bool] = []
+
+
+def _keep_inductor_order(keep: bool) -> None:
+    from torch._inductor import config as inductor_config
+
+    if keep and not _saved_peak_memory_reorder:
+        _saved_peak_memory_reorder.append(bool(inductor_config.reorder_for_peak_memory))
+        inductor_config.reorder_for_peak_memory = False
+    elif not keep and _saved_peak_memory_reorder:
+        inductor_config.reorder_for_peak_memory = _saved_peak_memory_reorder.pop()
+
+
 def enable(
     time_budget_s: float = 10.0,
     memory_limit: int | float | None = None,
@@ -532,6 +550,8 @@ def enable(
     **kw: Any,
 ) -> FxschedPass:
     """Install fxsched as Inductor's post-grad pass for every later compile; return the pass.
+    Turns Inductor's ``reorder_for_peak_memory`` off until :func:`disable`, which would reorder
+    the applied schedule.
 
     ``kw`` are the other :class:`HookConfig` fields (``spmd``, ``mode``, ``workers``, ``seed``,
     ``profile``, ...). Replaces an earlier fxsched pass and keeps other custom passes (ours runs
@@ -540,10 +560,13 @@ def enable(
     fxpass = FxschedPass(HookConfig(time_budget_s=time_budget_s, memory_limit=memory_limit, cache_dir=cache_dir,
                                     **kw))
     _set_passes(fxpass)
-    log.info("fxsched: compile hook enabled: %s", fxpass.config)
+    _keep_inductor_order(True)
+    log.info("fxsched: compile hook enabled (Inductor's reorder_for_peak_memory off): %s", fxpass.config)
     return fxpass
 
 
 def disable() -> None:
-    """Remove every fxsched pass from Inductor's post-grad passes (others stay)."""
+    """Remove every fxsched pass from Inductor's post-grad passes (others stay), and give
+    Inductor's ``reorder_for_peak_memory`` back the value it had before :func:`enable`."""
     _set_passes(None)
+    _keep_inductor_order(False)

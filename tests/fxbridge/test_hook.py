@@ -293,13 +293,16 @@ def test_enable_and_disable(monkeypatch):
 
     other = Other()
     monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", other)
+    monkeypatch.setattr(inductor_config, "reorder_for_peak_memory", True)
     first = fxhook.enable(time_budget_s=1.0)
+    assert inductor_config.reorder_for_peak_memory is False  # it would reorder the schedule
     assert inductor_config.post_grad_custom_post_pass == [other, first]
     second = fxhook.enable(time_budget_s=2.0, spmd="broadcast", deterministic=False)
     assert inductor_config.post_grad_custom_post_pass == [other, second]
     assert fxhook.installed_passes() == [second] and second.config.time_budget_s == 2.0
     fxhook.disable()
     assert inductor_config.post_grad_custom_post_pass is other
+    assert inductor_config.reorder_for_peak_memory is True  # the user's value back
     monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", None)
     only = fxhook.enable()
     assert inductor_config.post_grad_custom_post_pass is only
