@@ -317,7 +317,8 @@ def _graph_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fxsched", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="-v: progress of the solve's steps (INFO); -vv: each step's time and result (DEBUG)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help=cmd_demo.__doc__)
     p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT budget in seconds (0: skip)")
@@ -378,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    level = logging.WARNING if not args.verbose else logging.INFO if args.verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)

@@ -305,8 +305,9 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
                      len(steps))
             break
         new = fn(sched)
-        log.debug("warm start %s: %s in %.2f s%s", problem.name, step, time.perf_counter() - t,
-                  " (changed)" if new != sched else "")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("warm start %s: %s in %.2f s%s: makespan %d ns", problem.name, step, time.perf_counter() - t,
+                      " (changed)" if new != sched else "", simulate(problem, new).makespan_ns)
         if new != sched:
             name, sched = f"{name}+{step}", new
     return name, sched

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from fxsched.fxbridge.cache import ScheduleCache, graph_fingerprint
-from fxsched.fxbridge.cli import ProgressLine, load_script_graph, main
+from fxsched.fxbridge.cli import ProgressLine, build_parser, load_script_graph, main
 from fxsched.solver import check_schedule, load_problem, load_schedule, simulate
 from fxsched.solver.cpsat import Progress
 from fxsched.solver.fingerprint import recorded_fingerprint
@@ -212,3 +212,8 @@ def test_progress_line_tty_and_plain():
     lines = plain.getvalue().splitlines()
     assert len(lines) == 2 and "\r" not in plain.getvalue()
     assert re.search(r"makespan 1\.5 us\s+bound 1\.2 us\s+gap 20\.00%", lines[1])
+
+
+def test_cli_verbosity_counts() -> None:
+    """``-v`` asks for INFO, ``-vv`` for DEBUG (each warm-start step's makespan)."""
+    assert [build_parser().parse_args([*v, "simulate", "p.json"]).verbose for v in ([], ["-v"], ["-vv"])] == [0, 1, 2]
