@@ -101,3 +101,17 @@ def make_problem(
         bucket_costs=costs,
         name=name,
     )
+
+
+def loss_then_gather(temp: int = 1_000, gathered: int = 500):
+    """a (2000 ns) makes the temporary T (``temp`` B), which b (10 ns) reads, making U (1 B); g
+    gathers the parameter pg (100 B, never freed) into G (``gathered`` B; 100 + 100 + ``gathered``
+    ns on the default curve), and y (1000 ns) reads G and U. In the original order (a, b, g, y)
+    memory peaks at b: pg + T + U."""
+    return make_problem([
+        compute("a", 2_000, allocates=["T"], heavy=True),
+        compute("b", 10, deps=["a"], uses=["T"], allocates=["U"]),
+        coll("g", "A", AG, runtime_ns=200 + gathered, bytes_in=100, bytes_out=gathered, uses=["pg"], allocates=["G"]),
+        wait("wg", "g", uses=["G"]),
+        compute("y", 1_000, deps=["wg", "b"], uses=["G", "U"], heavy=True),
+    ], [storage("pg", 100, param=True), storage("T", temp), storage("U", 1), storage("G", gathered)], groups=("A",))
