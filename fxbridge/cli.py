@@ -379,9 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.WARNING if not args.verbose else logging.INFO if args.verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level,
-                        format="%(levelname)s %(name)s: %(message)s")
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except (CliError, ValueError) as e:  # ProblemError, CacheError, ExtractionError: user-facing
