@@ -214,12 +214,12 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if fp is not None and not is_fingerprint(fp):
         raise CliError(f"--fingerprint {fp!r}: expected 64 lowercase hex digits")
     config = SolveConfig(mode=args.mode, workers=args.workers, seed=args.seed, deterministic=args.deterministic,
-                         memory_budget=args.memory_budget)
+                         memory_budget=args.memory_budget, processes=args.processes)
     base = simulate(problem)
     clock = "deterministic time units" if args.deterministic else "s wall clock"
     print(f"solving {problem.name}: {len(problem.ops)} ops, {len(problem.collectives)} collectives; original "
           f"makespan {fmt_us(base.makespan_ns)} us, exposed {fmt_us(base.exposed_ns)} us; budget {args.time_limit:g} "
-          f"{clock}, {args.workers} worker(s), seed {args.seed}", file=sys.stderr)
+          f"{clock}, {args.workers} worker(s), {args.processes} process(es), seed {args.seed}", file=sys.stderr)
     line = ProgressLine(sys.stderr)
     try:
         res = solve(problem, args.time_limit, config, progress=line)
@@ -347,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds (wall clock), or CP-SAT deterministic time units with --deterministic "
                         "(default: %(default)s)")
     p.add_argument("--workers", type=int, default=1, help="CP-SAT workers (default: %(default)s)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="heuristic searches side by side, one process each: the stream plan search from seeds "
+                        "seed, seed + 1, ... (communication-bound graphs; default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="reproducible search: deterministic time limit, fixed seed and worker count")

@@ -59,6 +59,9 @@ class SolveConfig:
     pinned: tuple[tuple[str, str], ...] = ()  # (a, b): op a runs before op b
     seed: int = 0
     workers: int = 1
+    # heuristic searches side by side, one process each (the stream plan search's seeds: seed,
+    # seed + 1, ...; heuristics.parallel_plans). 1: none; the compile hook keeps 1
+    processes: int = 1
     deterministic: bool = True
     deterministic_rate: float = 0.25  # deterministic time units per second of budget (see module doc)
     minimize_peak: bool = True  # second phase: lowest peak at the best makespan
@@ -79,6 +82,8 @@ class SolveConfig:
             raise ValueError(f"SolveConfig.mode must be 'fixed' or 'free', got {self.mode!r}")
         if self.workers < 1:
             raise ValueError("SolveConfig.workers must be >= 1")
+        if self.processes < 1:
+            raise ValueError("SolveConfig.processes must be >= 1")
         if self.deterministic_rate <= 0:
             raise ValueError("SolveConfig.deterministic_rate must be > 0")
         b = self.memory_budget

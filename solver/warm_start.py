@@ -19,7 +19,7 @@ from ..heuristics.pipeline import pipeline_fillers
 from ..heuristics.reorder import defer_independent
 from ..heuristics.single_pull import pull_single_fillers
 from ..heuristics.sink import sink_stalled_waits
-from ..heuristics.stream_plan import plan_search
+from ..heuristics.parallel_plans import plan_search_seeds
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
@@ -173,7 +173,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     can save no more than the exposed time, and at most ``max_bucketed`` of them (None: no bound;
     deterministic solves: :func:`bucket_tries`);
     then, on a :func:`stream_bound` graph where buckets may pay (the same test), each group's
-    buckets and FIFO order searched whole (:func:`..heuristics.stream_plan.plan_search`: ``max_plans`` plans, or with a
+    buckets and FIFO order searched whole (:func:`..heuristics.stream_plan.plan_search`, from ``config.processes``
+    seeds side by side: :func:`..heuristics.parallel_plans.plan_search_seeds`; ``max_plans`` plans each, or with a
     ``deadline``, ``PLAN_SHARE`` of the time left times the busiest stream's share of the
     makespan; neither: its default);
     then stalled waits sunk and bucket boundaries shifted (:func:`..heuristics.bucket_shift.shift_bucket_members`,
@@ -233,9 +234,9 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
             share = PLAN_SHARE * min(1.0, max(r.busy_ns_by_group().values(), default=0) / max(1, r.makespan_ns))
             until = None if deadline is None else time.perf_counter() + share * (deadline - time.perf_counter())
             t = time.perf_counter()
-            new = plan_search(problem, sched, budget_bytes=budget_bytes, multi_dtype=config.multi_dtype,
-                              cap_bytes=config.bucket_cap_bytes, max_evals=max_plans, deadline=until,
-                              seed=config.seed)
+            seeds = [config.seed + k for k in range(config.processes)]
+            new = plan_search_seeds(problem, sched, seeds, budget_bytes=budget_bytes, multi_dtype=config.multi_dtype,
+                                    cap_bytes=config.bucket_cap_bytes, max_evals=max_plans, deadline=until)
             log.debug("warm start %s: plan search in %.2f s%s", problem.name, time.perf_counter() - t,
                       " (changed)" if new != sched else "")
             if new != sched:

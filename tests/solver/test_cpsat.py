@@ -493,17 +493,28 @@ def test_plan_evals_scale_with_budget_and_size() -> None:
 def test_max_plans_bounds_the_warm_starts_plan_search(monkeypatch) -> None:
     """The exposed problem of test_max_bucketed_bounds_the_warm_starts_bucketed_tries (stream-bound:
     its gather takes 500 ns beside 110 ns of compute): the plan search gets max_plans plans, and
-    none with max_plans=0, with bucketing off, or on a graph that is not stream-bound."""
+    none with max_plans=0, with bucketing off, or on a graph that is not stream-bound. Its seeds
+    are the config's seed and one more per further process."""
     import fxsched.solver.warm_start as ws
     from solver_builders import AG, coll, compute, make_problem, wait
 
     calls: list[object] = []
-    real = ws.plan_search
-    monkeypatch.setattr(ws, "plan_search", lambda *a, **k: calls.append(k["max_evals"]) or real(*a, **k))
+    seeds: list[list[int]] = []
+    real = ws.plan_search_seeds
+
+    def spy(problem, schedule, s, **k):
+        calls.append(k["max_evals"])
+        seeds.append(list(s))
+        return real(problem, schedule, s[:1], **k)  # one seed: no child processes in this test
+
+    monkeypatch.setattr(ws, "plan_search_seeds", spy)
     p = make_problem([coll("c", "A", AG, runtime_ns=500), compute("x", 100, heavy=True),
                       wait("w", "c"), compute("y", 10, deps=["w", "x"], heavy=True)])
     ws.warm_start(p, 10**12, SolveConfig(), max_plans=7)
-    assert calls == [7]
+    assert calls == [7] and seeds == [[0]]
+    ws.warm_start(p, 10**12, SolveConfig(seed=4, processes=3), max_plans=7)
+    assert calls == [7, 7] and seeds == [[0], [4, 5, 6]]
+    calls.pop()
     ws.warm_start(p, 10**12, SolveConfig(), max_plans=0)
     ws.warm_start(p, 10**12, SolveConfig(bucketing=False), max_plans=7)
     assert calls == [7]
@@ -553,3 +564,8 @@ def test_deterministic_warm_start_pulls_in_proportion_to_the_budget(monkeypatch)
     solve(p, 60.0, SolveConfig(mode="free", workers=1))
     solve(p, 2.0, SolveConfig(mode="free", workers=1, deterministic=False))
     assert seen == [100, 1500, 2000, 2000]
+
+
+def test_config_needs_a_process() -> None:
+    with pytest.raises(ValueError, match="SolveConfig.processes must be >= 1"):
+        SolveConfig(processes=0)
