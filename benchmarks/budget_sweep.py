@@ -45,13 +45,14 @@ class BudgetRow:
 
 
 def sweep(problem: ScheduleProblem, ratios: list[float], time_limit_s: float, workers: int,
-          wall_clock: bool = True, seed: int = 0) -> list[BudgetRow]:
+          wall_clock: bool = True, seed: int = 0, processes: int = 1) -> list[BudgetRow]:
     """Solve ``problem`` in free order once per budget ratio (of the original order's peak)."""
     rows = []
     for ratio in ratios:
         t0 = time.perf_counter()
         r = solve(problem, time_limit_s, SolveConfig(workers=workers, mode="free", memory_budget=float(ratio),
-                                                     deterministic=not wall_clock, seed=seed))
+                                                     deterministic=not wall_clock, seed=seed,
+                                                     processes=processes))
         wall = time.perf_counter() - t0
         rows.append(BudgetRow(ratio, simulate(problem, r.schedule), r.lower_bound, wall, r.method))
     return rows
@@ -74,9 +75,10 @@ def table(problem: ScheduleProblem, rows: list[BudgetRow]) -> list[str]:
 
 
 def run(names: list[str], parts: list[str], ratios: list[float], time_limit_s: float, workers: int,
-        wall_clock: bool) -> str:
+        wall_clock: bool, processes: int = 1) -> str:
     cmd = (f"python -m fxsched.benchmarks.budget_sweep --graphs {' '.join(names)} --parts {' '.join(parts)} "
            f"--budgets {' '.join(f'{b:g}' for b in ratios)} --time-limit {time_limit_s:g} --workers {workers}"
+           f"{f' --processes {processes}' if processes > 1 else ''}"
            f"{'' if wall_clock else ' --deterministic'} --out benchmarks/RESULTS.md")
     out = [BEGIN, "## What memory buys (budget sweep)", "",
            f"Made by `{cmd}` at {source_revision()} on {platform.machine()} / Python {platform.python_version()}. "
@@ -91,7 +93,7 @@ def run(names: list[str], parts: list[str], ratios: list[float], time_limit_s: f
         for part in parts:
             gm = zg.forward if part == "forward" else zg.backward
             p = extract_problem(gm, groups=groups, name=f"{name}/{part}").problem
-            out += table(p, sweep(p, ratios, time_limit_s, workers, wall_clock))
+            out += table(p, sweep(p, ratios, time_limit_s, workers, wall_clock, processes=processes))
     out.append(END)
     return "\n".join(out)
 
@@ -104,13 +106,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="memory budgets, ratios of the original order's peak")
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="plan searches side by side, one process each (SolveConfig.processes)")
     ap.add_argument("--deterministic", action="store_true", help="deterministic time (default: wall clock)")
     ap.add_argument("--out", default=None, help="write the section into this markdown file (default: stdout)")
     args = ap.parse_args(argv)
     if any(b <= 0 for b in args.budgets):
         ap.error("--budgets must be > 0")
     emit(args.out, BEGIN, END, run(args.graphs, args.parts, args.budgets, args.time_limit, args.workers,
-                                   not args.deterministic))
+                                   not args.deterministic, args.processes))
     return 0
 
 

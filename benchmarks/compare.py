@@ -310,8 +310,9 @@ def header(argv: Sequence[str], budgets: Sequence[float], solve_config: SolveCon
             f"Command: `{command}` (at commit {source_revision()})", "",
             f"On {platform.machine()} / Python {platform.python_version()}; times in us of simulated H100 time, "
             f"every row scored by the one simulator with the same costs. CP-SAT: `solve(problem, budget, "
-            f"SolveConfig(workers={solve_config.workers}, deterministic={solve_config.deterministic}, "
-            f"seed={solve_config.seed}))` at budgets {', '.join(f'{b:g}' for b in budgets) or 'none'} s "
+            f"SolveConfig(workers={solve_config.workers}, processes={solve_config.processes}, "
+            f"deterministic={solve_config.deterministic}, seed={solve_config.seed}))` at budgets "
+            f"{', '.join(f'{b:g}' for b in budgets) or 'none'} s "
             f"(memory budget: {_budget_text(solve_config)}). Inductor variants: "
             + "; ".join(f"`{v.label}` = {v.description}" for v in VARIANTS) + ".", "",
             ("`scored`: `mapped` = Inductor's output graph mapped back to a schedule of the original problem "
@@ -381,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="override the zoo graphs' layer count")
     ap.add_argument("--parts", nargs="*", default=["forward", "backward"], choices=["forward", "backward"])
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="plan searches side by side, one process each (SolveConfig.processes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", nargs="*", default=["fixed", "free"], choices=["fixed", "free"],
                     help="CP-SAT modes: fixed heavy-compute order and/or free order")
@@ -393,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     config = SolveConfig(workers=args.workers, seed=args.seed, deterministic=not args.wall_clock,
-                         memory_budget=args.memory_budget)
+                         memory_budget=args.memory_budget, processes=args.processes)
     text, _ = run(args.graphs, args.budgets, layers=args.layers, parts=args.parts, solve_config=config,
                   profile=args.profile, argv=argv, cross_check=not args.no_cross_check, modes=args.modes)
     emit(args.out, BEGIN, END, text)
