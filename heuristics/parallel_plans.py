@@ -57,6 +57,7 @@ def plan_search_seeds(problem: ScheduleProblem, schedule: Schedule, seeds: Seque
             futures = [(s, pool.submit(_search, problem, schedule, s, kwargs)) for s in seeds[1:]]
         except Exception as exc:  # noqa: BLE001 - no child: the parent's seed still runs
             log.warning("plan_search_seeds %s: could not start child searches (%s); one seed only", problem.name, exc)
+    collected = False
     try:
         results = [(seeds[0], _search(problem, schedule, seeds[0], kwargs))]
         for seed, fut in futures:
@@ -64,9 +65,10 @@ def plan_search_seeds(problem: ScheduleProblem, schedule: Schedule, seeds: Seque
                 results.append((seed, fut.result()))
             except Exception as exc:  # noqa: BLE001 - a failed child loses its seed, not the search
                 log.warning("plan_search_seeds %s: seed %d failed (%s); left out", problem.name, seed, exc)
+        collected = True
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        if pool is not None:  # on an error here, do not wait for the children's searches to end
+            pool.shutdown(wait=collected, cancel_futures=True)
     best_key, best = None, schedule
     for k, (seed, sched) in enumerate(results):
         r = simulate(problem, sched)

@@ -15,11 +15,11 @@ from ..heuristics.critical_path import critical_path_schedule, default_max_build
 from ..heuristics.far_defer import defer_far_fillers
 from ..heuristics.fill import fill_stalls
 from ..heuristics.overlap import OverlapConfig, overlap_schedule
+from ..heuristics.parallel_plans import plan_search_seeds
 from ..heuristics.pipeline import pipeline_fillers
 from ..heuristics.reorder import defer_independent
 from ..heuristics.single_pull import pull_single_fillers
 from ..heuristics.sink import sink_stalled_waits
-from ..heuristics.parallel_plans import plan_search_seeds
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
