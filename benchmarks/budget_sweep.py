@@ -18,7 +18,6 @@ import platform
 import time
 from dataclasses import dataclass
 
-from ..fxbridge.extract import extract_problem
 from ..solver import simulate
 from ..solver.cpsat import SolveConfig, solve
 from ..solver.problem import ScheduleProblem
@@ -89,10 +88,8 @@ def run(names: list[str], parts: list[str], ratios: list[float], time_limit_s: f
            "H100 time.", ""]
     for name in names:
         zg = build(name)
-        groups = {g.name: g.size for g in zg.groups.values()}
         for part in parts:
-            gm = zg.forward if part == "forward" else zg.backward
-            p = extract_problem(gm, groups=groups, name=f"{name}/{part}").problem
+            p = zg.extract(part).problem
             out += table(p, sweep(p, ratios, time_limit_s, workers, wall_clock, processes=processes))
     out.append(END)
     return "\n".join(out)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fxbridge.extract import Extraction, extract_problem
+from ..fxbridge.extract import Extraction
 from ..fxbridge.timeline import CollectiveRow, collective_rows
 from ..heuristics import HEURISTICS
 from ..solver.bounds import forced_exposed, makespan_lower_bound
@@ -349,20 +349,19 @@ def run(
         t0 = time.perf_counter()
         zg = build(name, layers=layers)
         cfg = zg.config
-        groups = {g.name: g.size for g in zg.groups.values()}
+        groups = zg.group_sizes
         shape = (f"{cfg.layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, seq {cfg.seq_len}, world "
                  f"{cfg.world_size} ({cfg.parallelism}, tp {cfg.tp_size}); traced in {time.perf_counter() - t0:.1f} s.")
         out += [f"### {zg.name}", "", shape, ""]
         for part in parts:
-            gm = getattr(zg, part)
             t0 = time.perf_counter()
-            ext = extract_problem(gm, groups=groups, profile=profile, name=f"{zg.name}/{part}")
+            ext = zg.extract(part, profile=profile)
             extract_s = time.perf_counter() - t0
             log.info("compare %s: %d ops", ext.problem.name, len(ext.problem.ops))
             report = compare_part(ext, groups, budgets, solve_config, variants=variants, heuristics=heuristics,
                                   profile=profile, cross_check=cross_check, modes=modes)
             reports.append(report)
-            out += render_part(report, extract_s, len(gm.graph.nodes))
+            out += render_part(report, extract_s, len(getattr(zg, part).graph.nodes))
     out += ["### Summary", ""] + [f"- {r.summary()}" for r in reports] + ["", END]
     return "\n".join(out), reports
 

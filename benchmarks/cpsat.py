@@ -13,7 +13,6 @@ import argparse
 import platform
 import time
 
-from ..fxbridge.extract import extract_problem
 from ..heuristics import HEURISTICS
 from ..solver import simulate
 from ..solver.cpsat import SolveConfig, solve
@@ -43,8 +42,8 @@ def run(names: list[str], budgets: list[float], workers: int, modes: list[str], 
            "around that order). Wall times are on a shared 2-core machine.", ""]
     for name in names:
         zg = build(name)
-        for part, gm in (("forward", zg.forward), ("backward", zg.backward)):
-            p = extract_problem(gm, groups={g.name: g.size for g in zg.groups.values()}, name=f"{name}/{part}").problem
+        for part in ("forward", "backward"):
+            p = zg.extract(part).problem
             orig = simulate(p)
             out += [f"### {p.name}", "", "| scheduler | exposed | makespan | peak vs orig | collectives | "
                     "bound / gap / status / method / wall s |", "|---|---|---|---|---|---|"]

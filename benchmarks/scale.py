@@ -24,7 +24,6 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..fxbridge.apply import apply_schedule
-from ..fxbridge.extract import extract_problem
 from ..heuristics import HEURISTICS
 from ..solver import simulate
 from ..solver.cpsat import SolveConfig, solve
@@ -74,9 +73,8 @@ def measure(layers: int, budget_s: float, workers: int, mode: str, graph: str = 
     t0 = time.perf_counter()
     zg = build_graphs(dataclasses.replace(ZOO[graph], layers=layers), name=f"{graph}_L{layers}", device="cpu")
     trace_s = time.perf_counter() - t0
-    gm = zg.backward
     t0 = time.perf_counter()
-    ext = extract_problem(gm, groups={g.name: g.size for g in zg.groups.values()}, name=f"{zg.name}/backward")
+    ext = zg.extract("backward")
     extract_s = time.perf_counter() - t0
     p = ext.problem
     t0 = time.perf_counter()
@@ -97,7 +95,7 @@ def measure(layers: int, budget_s: float, workers: int, mode: str, graph: str = 
         inductor_s = None
     if dist.is_initialized():
         dist.destroy_process_group()
-    return ScaleRow(layers, len(gm.graph.nodes), len(p.collectives), trace_s, extract_s, h_name, heur[h_name],
+    return ScaleRow(layers, len(zg.backward.graph.nodes), len(p.collectives), trace_s, extract_s, h_name, heur[h_name],
                     heuristics_s, res.objective, cpsat_s, res.method, res.lower_bound, apply_s, compute, inductor_s)
 
 

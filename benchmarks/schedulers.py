@@ -12,7 +12,6 @@ import platform
 import time
 from pathlib import Path
 
-from ..fxbridge.extract import extract_problem
 from ..fxbridge.report import graph_summary, rows_table, scheduler_rows
 from .zoo import ZOO, build
 
@@ -40,13 +39,12 @@ def run(names: list[str], profile: str = "h100") -> str:
                 f"{cfg.layers} layers, dim {cfg.dim}, ffn {cfg.ffn_dim}, seq {cfg.seq_len}, "
                 f"world {cfg.world_size} ({cfg.parallelism}, tp {cfg.tp_size}, "
                 f"{cfg.gpus_per_node} GPUs/node); traced in {trace_s:.1f} s.", ""]
-        for part, gm in (("forward", zg.forward), ("backward", zg.backward)):
+        for part in ("forward", "backward"):
             t0 = time.perf_counter()
-            ext = extract_problem(gm, groups={g.name: g.size for g in zg.groups.values()}, profile=profile,
-                                  name=f"{name}/{part}")
+            ext = zg.extract(part, profile=profile)
             extract_s = time.perf_counter() - t0
             problem = ext.problem
-            out += [f"### {part}: {len(gm.graph.nodes)} FX nodes, extracted in {extract_s:.2f} s", ""]
+            out += [f"### {part}: {len(getattr(zg, part).graph.nodes)} FX nodes, extracted in {extract_s:.2f} s", ""]
             out += [f"- {label.strip()}: {value}" for label, value in graph_summary(problem)]
             out += ["", "```", rows_table(problem, scheduler_rows(problem)), "```", ""]
     return "\n".join(out)

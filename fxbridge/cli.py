@@ -37,15 +37,12 @@ class CliError(Exception):
 
 def _trace(args: argparse.Namespace):
     from ..benchmarks.zoo import build
-    from .extract import extract_problem
 
     t0 = time.perf_counter()
     zg = build(args.graph, layers=args.layers)
     t_trace = time.perf_counter() - t0
-    gm = zg.backward if args.part == "backward" else zg.forward
     t0 = time.perf_counter()
-    ext = extract_problem(gm, groups={g.name: g.size for g in zg.groups.values()}, profile=args.profile,
-                          fuse=not args.unfused, name=f"{zg.name}/{args.part}")
+    ext = zg.extract(args.part, profile=args.profile, fuse=not args.unfused)
     return zg, ext, t_trace, time.perf_counter() - t0
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.fx
+
+    from ...fxbridge.extract import Extraction
 
 logger = logging.getLogger(__name__)
 
@@ -173,3 +175,15 @@ class ZooGraph:
     groups: dict[str, GroupInfo]
     device: str = "cuda"
     param_names: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def group_sizes(self) -> dict[str, int]:
+        """Every process group's size by name, as :func:`fxbridge.extract.extract_problem` takes them."""
+        return {g.name: g.size for g in self.groups.values()}
+
+    def extract(self, part: str, **kwargs: Any) -> Extraction:
+        """``part`` (``"forward"`` or ``"backward"``) extracted as the problem ``{name}/{part}``
+        with :attr:`group_sizes`; ``kwargs`` go to ``extract_problem`` (``profile``, ...)."""
+        from ...fxbridge.extract import extract_problem  # here: the module imports no torch at load
+
+        return extract_problem(getattr(self, part), groups=self.group_sizes, name=f"{self.name}/{part}", **kwargs)

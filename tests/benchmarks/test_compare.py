@@ -48,12 +48,16 @@ def zoo() -> Iterator[ZooGraph]:
 
 
 def _groups(zg: ZooGraph) -> dict[str, int]:
-    return {g.name: g.size for g in zg.groups.values()}
+    return zg.group_sizes
 
 
 @pytest.fixture(scope="module", params=["forward", "backward"])
 def ext(request: pytest.FixtureRequest, zoo: ZooGraph) -> Extraction:
-    return extract_problem(getattr(zoo, request.param), groups=_groups(zoo), name=f"{zoo.name}/{request.param}")
+    ext = zoo.extract(request.param)
+    direct = extract_problem(getattr(zoo, request.param), groups={g.name: g.size for g in zoo.groups.values()},
+                             name=f"{zoo.name}/{request.param}")
+    assert ext.problem == direct.problem and ext.problem.name == f"{zoo.name}/{request.param}"
+    return ext
 
 
 @pytest.fixture(scope="module")

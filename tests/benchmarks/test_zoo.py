@@ -191,6 +191,7 @@ def test_groups_match_collectives(entry: tuple[ZooGraph, dict[str, int]]) -> Non
         else {cfg.world_size // cfg.tp_size, cfg.tp_size}
     )
     assert sorted(g.size for g in zg.groups.values()) == sorted(expected_sizes)
+    assert zg.group_sizes == {name: info.size for name, info in zg.groups.items()}
 
 
 def test_mixed_precision(entry: tuple[ZooGraph, dict[str, int]]) -> None:
