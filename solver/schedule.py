@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
+
 from .problem import OpKind, ScheduleProblem
 from .sim_tables import sim_tables
 
@@ -172,14 +174,8 @@ def placements(problem: ScheduleProblem, schedule: Schedule) -> list[BucketPlace
 
     Assumes ``schedule`` is valid (see :func:`check_schedule`).
     """
-    pos = dict(zip(schedule.order, range(len(schedule.order))))
-    out = []
-    for members in issued_units(problem, schedule):
-        ordered = tuple(sorted(members, key=problem.index.__getitem__))
-        out.append(BucketPlacement(
-            members=ordered,
-            issue_pos=max(pos[m] for m in members),
-            wait_pos=min(pos[problem.wait_of[m]] for m in members),
-        ))
-    out.sort(key=lambda p: p.issue_pos)
-    return out
+    tables = sim_tables(problem)
+    units = tables.units(problem, schedule.buckets)
+    issue, wait = units.positions(tables.positions(problem, schedule.order)[1])
+    return [BucketPlacement(members=units.units[k].members, issue_pos=int(issue[k]), wait_pos=int(wait[k]))
+            for k in np.argsort(issue, kind="stable").tolist()]

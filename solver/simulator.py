@@ -27,8 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .problem import ScheduleProblem
-from .schedule import BucketPlacement, Schedule, ScheduleError, check_schedule, placements
-from .sim_tables import sim_tables
+from .schedule import Schedule, ScheduleError, check_schedule
+from .sim_tables import copy_in_ns, copy_out_ns, sim_tables
+
+__all__ = ["CollectiveTiming", "SimResult", "copy_in_ns", "copy_out_ns", "makespan_ns", "memory_curve",
+           "position_clocks", "simulate", "timed_clocks"]
 
 _NEVER = 1 << 62
 
@@ -112,9 +115,9 @@ def simulate(problem: ScheduleProblem, schedule: Schedule | None = None, *, chec
         violations = check_schedule(problem, schedule)
         if violations:
             raise ScheduleError(violations)
-    places = placements(problem, schedule)
-    timings, makespan, compute, exposed = _timeline(problem, schedule, places)
-    initial, curve = memory_curve(problem, schedule, places)
+    placed = _Placed(problem, schedule)
+    timings, makespan, compute, exposed = _timeline(problem, placed)
+    initial, curve = _memory(problem, placed)
     return SimResult(
         makespan_ns=makespan,
         exposed_ns=exposed,
@@ -127,33 +130,18 @@ def simulate(problem: ScheduleProblem, schedule: Schedule | None = None, *, chec
     )
 
 
-def copy_in_ns(problem: ScheduleProblem, members: tuple[str, ...]) -> int:
-    """The compute-stream copy-in a bucket runs right before its issue (0 for a lone collective)."""
-    if len(members) == 1:
-        return 0
-    ops = problem.op_by_name
-    return problem.bucket_costs.copy_ns(sum(ops[m].collective.bytes_in for m in members))  # type: ignore[union-attr]
-
-
-def copy_out_ns(problem: ScheduleProblem, members: tuple[str, ...]) -> int:
-    """The compute-stream copy-out an all_gather/all_to_all bucket runs at its wait (else 0)."""
-    ops = problem.op_by_name
-    if len(members) == 1 or not ops[members[0]].collective.kind.bucket_copies_out:  # type: ignore[union-attr]
-        return 0
-    return problem.bucket_costs.copy_ns(sum(ops[m].collective.bytes_out for m in members))  # type: ignore[union-attr]
-
-
 def makespan_ns(problem: ScheduleProblem, schedule: Schedule) -> int:
-    """The makespan :func:`simulate` gives a valid ``schedule``, without the memory curve (cheaper:
-    local searches rank many candidates by makespan and check memory only for the best)."""
-    return _timeline(problem, schedule, placements(problem, schedule))[1]
+    """The makespan :func:`simulate` gives a valid ``schedule``, without the memory curve or the
+    collectives' timings (cheaper: local searches rank many candidates by makespan and check memory
+    only for the best)."""
+    return _timeline(problem, _Placed(problem, schedule), timings=False)[1]
 
 
 def position_clocks(problem: ScheduleProblem, schedule: Schedule) -> list[int]:
     """The compute-stream clock right after each position of a valid ``schedule`` (a wait's
     stall and copy-out included): the times a model hinted with ``schedule`` should take."""
     clocks: list[int] = []
-    _timeline(problem, schedule, placements(problem, schedule), clocks)
+    _timeline(problem, _Placed(problem, schedule), clocks, timings=False)
     return clocks
 
 
@@ -162,88 +150,100 @@ def timed_clocks(problem: ScheduleProblem, schedule: Schedule) -> tuple[list[Col
     ``schedule``, from one pass (no memory curve): what a search that places issues and waits by
     the times an earlier draft reached needs (heuristics/stream_plan.py)."""
     clocks: list[int] = []
-    timings = _timeline(problem, schedule, placements(problem, schedule), clocks)[0]
+    timings = _timeline(problem, _Placed(problem, schedule), clocks)[0]
     return timings, clocks
 
 
+class _Placed:
+    """A valid schedule's positions: the op at each, each op's, and each issued unit's issue and
+    wait (:class:`.sim_tables.UnitTable`), computed once for the timeline and the memory curve."""
+
+    def __init__(self, problem: ScheduleProblem, schedule: Schedule):
+        self.tables = tables = sim_tables(problem)
+        self.n = len(schedule.order)
+        self.at, self.pos = tables.positions(problem, schedule.order)
+        self.units = tables.units(problem, schedule.buckets)
+        self.issue, self.wait = self.units.positions(self.pos)
+
+
 def _timeline(
-    problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement], clocks: list[int] | None = None
+    problem: ScheduleProblem, placed: _Placed, clocks: list[int] | None = None, timings: bool = True
 ) -> tuple[list[CollectiveTiming], int, int, int]:
-    """Every issued collective's timing, the makespan, the compute time and the exposed time
-    (and, into ``clocks``, the compute-stream clock after each position).
+    """Every issued collective's timing (none when not ``timings``), the makespan, the compute
+    time and the exposed time (and, into ``clocks``, the compute-stream clock after each position).
 
     The compute clock is a running sum of op runtimes plus what the issues and waits add (copies,
     stalls): only those events are walked, in program order."""
-    tables = sim_tables(problem)
-    ops = problem.op_by_name
-    hide = _Hideability(problem)
-    at, _ = tables.positions(problem, schedule.order)
-    ran = np.cumsum(tables.runtime[at])  # compute and zero-cost ops' time through each position
-    events = sorted([(p.issue_pos, p) for p in places] + [(p.wait_pos, p) for p in places], key=lambda e: e[0])
-    added = np.zeros(len(at), dtype=np.int64) if clocks is not None else None  # copies and stalls per position
+    units = placed.units.units
+    count = len(units)
+    ran = np.cumsum(placed.tables.runtime[placed.at])  # compute and zero-cost ops' time through each position
+    positions = np.concatenate([placed.issue, placed.wait])
+    walk = np.argsort(positions, kind="stable")  # no two events share a position
+    event_pos = positions[walk]
+    added = np.zeros(len(placed.at), dtype=np.int64) if clocks is not None else None  # copies and stalls per position
     group_free: dict[str, int] = {}
     running: list[tuple[str, int, int]] = []  # (group, start, end) of every issued collective
-    started: dict[tuple[str, ...], tuple[int, int, int]] = {}
-    timings: list[CollectiveTiming] = []
+    issued, starts, ends = [0] * count, [0] * count, [0] * count
+    waited, stalls = [0] * count, [0] * count
+    contention = problem.link_contention
     offset = copies = exposed = 0  # offset: copies and stalls so far, on top of ``ran``
-    for i, p in events:
-        t = int(ran[i]) + offset
-        if i == p.issue_pos:
-            copy = copy_in_ns(problem, p.members)
+    for i, e, base in zip(event_pos.tolist(), walk.tolist(), ran[event_pos].tolist()):
+        t = base + offset
+        if e < count:  # an issue
+            u = units[e]
+            copy = u.copy_in_ns
             t += copy
             step = copy
-            group = ops[p.members[0]].collective.group  # type: ignore[union-attr]
-            start = max(t, group_free.get(group, 0))
-            runtime = problem.bucket_runtime_ns(p.members)
-            if problem.link_contention and any(
-                g != group and s0 <= start < e0 for g, s0, e0 in running
-            ):
-                runtime = math.ceil(runtime * (1 + problem.link_contention))
+            start = max(t, group_free.get(u.group, 0))
+            runtime = u.runtime_ns
+            if contention and any(g != u.group and s0 <= start < e0 for g, s0, e0 in running):
+                runtime = math.ceil(runtime * (1 + contention))
             end = start + runtime
-            group_free[group] = end
-            running.append((group, start, end))
-            started[p.members] = (t, start, end)
-        else:
-            issue_ns, start, end = started[p.members]
-            stall = max(0, end - t)
+            group_free[u.group] = end
+            running.append((u.group, start, end))
+            issued[e], starts[e], ends[e] = t, start, end
+        else:  # a wait
+            e -= count
+            stall = max(0, ends[e] - t)
             exposed += stall
-            first = ops[p.members[0]].collective
-            assert first is not None
-            copy = copy_out_ns(problem, p.members)
+            copy = units[e].copy_out_ns
             step = stall + copy
-            timings.append(CollectiveTiming(
-                members=p.members, group=first.group, issue_pos=p.issue_pos, wait_pos=p.wait_pos,
-                issue_ns=issue_ns, start_ns=start, end_ns=end, wait_ns=t, exposed_ns=stall,
-                hideable=hide(p.members),
-            ))
+            waited[e], stalls[e] = t, stall
         copies += copy
         offset += step
         if added is not None:
             added[i] += step
     if added is not None:
         clocks.extend((ran + np.cumsum(added)).tolist())
-    timings.sort(key=lambda c: c.issue_pos)
+    out: list[CollectiveTiming] = []
+    if timings:
+        issue_pos, wait_pos = placed.issue.tolist(), placed.wait.tolist()
+        for k in np.argsort(placed.issue, kind="stable").tolist():
+            u = units[k]
+            out.append(CollectiveTiming(
+                members=u.members, group=u.group, issue_pos=issue_pos[k], wait_pos=wait_pos[k],
+                issue_ns=issued[k], start_ns=starts[k], end_ns=ends[k], wait_ns=waited[k], exposed_ns=stalls[k],
+                hideable=_hideable(problem, u.members),
+            ))
     total = int(ran[-1]) if len(ran) else 0
-    return timings, total + offset, total + copies, exposed
+    return out, total + offset, total + copies, exposed
 
 
-class _Hideability:
-    """A collective is hideable when some positive-cost compute is independent of it."""
-
-    def __init__(self, problem: ScheduleProblem):
-        self.problem = problem
-
-    def __call__(self, members: tuple[str, ...]) -> bool:
-        p = self.problem
+def _hideable(problem: ScheduleProblem, members: tuple[str, ...]) -> bool:
+    """A collective is hideable when some positive-cost compute is independent of it (kept per
+    unit with the problem's tables: it depends on the members only)."""
+    cache = sim_tables(problem).hideable
+    known = cache.get(members)
+    if known is None:
         related = 0
         for m in members:
-            related |= p.ancestors[p.index[m]] | p.descendants[p.index[m]] | (1 << p.index[m])
-        return bool(p.timed_compute_mask & ~related)
+            i = problem.index[m]
+            related |= problem.ancestors[i] | problem.descendants[i] | (1 << i)
+        known = cache[members] = bool(problem.timed_compute_mask & ~related)
+    return known
 
 
-def memory_curve(
-    problem: ScheduleProblem, schedule: Schedule, places: list[BucketPlacement] | None = None
-) -> tuple[int, list[int]]:
+def memory_curve(problem: ScheduleProblem, schedule: Schedule) -> tuple[int, list[int]]:
     """(initial memory, memory at each program position) for a valid schedule.
 
     A storage is live from the position that allocates it (-1: an input, live from the start)
@@ -254,47 +254,37 @@ def memory_curve(
     collective's outputs stay live until its wait; a bucket's flat buffers live from its issue
     to its wait; the outputs of a bucket that does not copy out are views of one buffer, freed
     together. Computed as array operations over :mod:`.sim_tables`."""
-    places = placements(problem, schedule) if places is None else places
-    tables = sim_tables(problem)
-    index = problem.index
-    n = len(schedule.order)
-    _, pos = tables.positions(problem, schedule.order)
-    use_at, out_at = pos.copy(), pos.copy()  # per op: the position its reads count at / its outputs appear
-    late: list[tuple[np.ndarray, int]] = []  # a lone collective's outputs: live until its wait
-    extra: list[tuple[int, int, int]] = []  # (size, alloc_pos, free_pos) of bucket buffers
-    merged: list[np.ndarray] = []  # outputs of a bucket that does not copy out: freed together
-    ops = problem.op_by_name
-    for p in places:
-        idx = [index[m] for m in p.members]
-        if len(idx) == 1:
-            use_at[idx[0]] = p.wait_pos
-            late.append((tables.allocates[idx[0]], p.wait_pos))
-            continue
-        infos = [ops[m].collective for m in p.members]
-        copies_out = infos[0].kind.bucket_copies_out  # type: ignore[union-attr]
-        use_at[idx] = p.issue_pos
-        out_at[idx] = p.wait_pos if copies_out else p.issue_pos
-        extra.append((sum(c.bytes_in for c in infos), p.issue_pos, p.wait_pos))  # type: ignore[union-attr]
-        if copies_out:
-            extra.append((sum(c.bytes_out for c in infos), p.issue_pos, p.wait_pos))  # type: ignore[union-attr]
-        else:
-            merged.append(np.concatenate([tables.allocates[i] for i in idx]))
+    return _memory(problem, _Placed(problem, schedule))
+
+
+def _memory(problem: ScheduleProblem, placed: _Placed) -> tuple[int, list[int]]:
+    """:func:`memory_curve` of a placed schedule."""
+    tables, units, n = placed.tables, placed.units, placed.n
+    issue, wait = placed.issue, placed.wait
+    use_at, out_at = placed.pos.copy(), placed.pos.copy()  # per op: the position its reads count at / its outputs appear
+    use_at[units.single_ops] = wait[units.single_units]
+    use_at[units.multi_ops] = issue[units.multi_owner]
+    out_at[units.multi_ops] = np.where(units.multi_copies_out, wait[units.multi_owner], issue[units.multi_owner])
     last = np.full(len(tables.size), -2, dtype=np.int64)
     if len(tables.read):
         last[tables.read] = np.maximum.reduceat(use_at[tables.use_op], tables.read_starts)
-    for storages, w in late:
-        last[storages] = np.maximum(last[storages], w)
+    # a lone collective's outputs: live until its wait (each storage has one allocator)
+    singles = units.single_storages
+    last[singles] = np.maximum(last[singles], wait[units.single_storage_unit])
     alloc = np.where(tables.alloc_op >= 0, out_at[np.maximum(tables.alloc_op, 0)], -1)
     free = np.where(tables.never_freed, _NEVER, np.maximum(alloc, np.where(last == -2, alloc, last)))
-    for group in merged:
+    for group in units.merged:  # outputs of a bucket that does not copy out: freed together
         if len(group):
             free[group] = free[group].max()
     delta = np.zeros(n + 1, dtype=np.int64)
     np.add.at(delta, np.maximum(alloc, 0), tables.size)
     freed = free != _NEVER
     np.add.at(delta, free[freed] + 1, -tables.size[freed])
-    for size, a, f in extra:
-        _add(delta, size, a, f)
+    for k in units.multi_units:  # a bucket's flat buffers, from its issue to its wait
+        u, a, f = units.units[k], int(issue[k]), int(wait[k])
+        _add(delta, u.bytes_in, a, f)
+        if u.copies_out:
+            _add(delta, u.bytes_out, a, f)
     return tables.initial, np.cumsum(delta[:n]).tolist()
 
 

@@ -52,6 +52,12 @@ STREAM_BOUND_SHARE = 0.85
 # 32.95 ms after 2-8 s of deferral, 33.0 after 16 s and 33.6 after 69 s (a 240 s budget), and that
 # solve ended slower than a 60 s one (32.63 against 31.8 ms)
 FIRST_DEFER_MAX_S = 20.0
+# and at most this many deferral tries: the 20 s above held about 300 of them (304 in 16.5 s on the
+# tp_2x4 backward) until the simulator kept each bucketing's units (sim_tables.UnitTable), which
+# made a try 4.3 times faster; then 1,301 tries in 16.5 s gave 33.89 ms there against 36.06, but
+# after the rebuild and the search 32.57 ms against 31.82 (a 60 s solve). With this cap the first
+# deferral takes 4 s, every step after it runs, and the solve gives 31.52 and 31.61 ms
+FIRST_DEFER_MAX_MOVES = 300
 DEFER_MOVES_PER_S = 4  # deterministic solves: deferral tries per second of budget on graphs of
 DEFER_REF_OPS = 2500  # up to this many ops; a try simulates the whole graph, so larger graphs get fewer
 # deterministic solves: critical-path rebuilds per second of budget (same scaling; at most the pass's
@@ -252,8 +258,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     def fill(s: Schedule) -> Schedule:
         return fill_stalls(problem, s, budget_bytes=budget_bytes, deadline=deadline)
 
-    def defer(until: float | None) -> Callable[[Schedule], Schedule]:
-        return lambda s: defer_independent(problem, s, budget_bytes=budget_bytes, max_moves=half_moves, deadline=until)
+    def defer(until: float | None, most: int = half_moves) -> Callable[[Schedule], Schedule]:
+        return lambda s: defer_independent(problem, s, budget_bytes=budget_bytes, max_moves=most, deadline=until)
 
     def defer_half_left(s: Schedule) -> Schedule:  # the second deferral leaves half its time to the far one
         until = None if deadline is None else time.perf_counter() + 0.5 * max(0.0, deadline - time.perf_counter())
@@ -293,7 +299,7 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
 
     steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink), ("shift", shift)]
     if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
-        steps += [("fill", fill), ("defer", defer(mid)), ("fill", fill), ("sink", sink),
+        steps += [("fill", fill), ("defer", defer(mid, min(half_moves, FIRST_DEFER_MAX_MOVES))), ("fill", fill), ("sink", sink),
                   ("pipeline", pipeline), ("critical", critical), ("defer", defer_half_left), ("far", far),
                   ("fill", fill), ("sink", sink), ("pull", pull)]
     steps.append(("shift", shift))

@@ -112,3 +112,30 @@ def test_a_lone_collectives_unread_output_lives_until_its_wait() -> None:
     ], [storage("S", 50, inp=True), storage("G", 100)])
     assert memory_curve(p, Schedule.original(p)) == (50, [50, 150, 150, 150, 0])
     assert reference_sim.memory(p, Schedule.original(p)) == (50, [50, 150, 150, 150, 0])
+
+
+def test_unit_tables_are_kept_per_bucketing_and_bounded(monkeypatch) -> None:  # noqa: ANN001
+    """A bucketing's units are built once and reused; when more bucketings than the table holds
+    have been scored the table starts over, and every answer stays the op-by-op walk's."""
+    from fxsched.solver import sim_tables as tables_module
+
+    rng = random.Random(7)
+    p = random_problem(rng, max_ops=40, kinds=(CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER),
+                       reduce_ops=("sum",), max_groups=2)
+    cases = []
+    for _ in range(40):
+        order = random_topological_order(p, rng, late_waits=True)
+        cases.append(Schedule(order, random_bucketing(p, order, rng)))
+    assert len({s.buckets for s in cases}) > 4  # several bucketings, so the bound below is reached
+    monkeypatch.setattr(tables_module, "MAX_BUCKETINGS", 3)
+    monkeypatch.setattr(tables_module, "MAX_UNITS", 5)
+    tables = sim_tables(p)
+    first = tables.units(p, cases[0].buckets)
+    assert tables.units(p, cases[0].buckets) is first
+    for s in cases + cases:
+        simulate(p, s)
+        assert len(tables._unit_tables) <= 3 and len(tables._units) <= 5
+        timings, makespan, compute, exposed, _ = reference_sim.timeline(p, s)
+        r = simulate(p, s)
+        assert list(r.collectives) == timings and r.makespan_ns == makespan
+        assert (r.initial_memory_bytes, list(r.memory_curve)) == reference_sim.memory(p, s)
