@@ -164,9 +164,9 @@ def _dependent_members(problem: ScheduleProblem, members: list[str]) -> bool:
 
 
 def issued_units(problem: ScheduleProblem, schedule: Schedule) -> list[tuple[str, ...]]:
-    """What the schedule issues: each bucket, then each collective in no bucket (alone)."""
-    bucketed = {m for b in schedule.buckets for m in b}
-    return [tuple(b) for b in schedule.buckets] + [(c.name,) for c in problem.collectives if c.name not in bucketed]
+    """What the schedule issues: each bucket, then each collective in no bucket (alone), members
+    in the problem's order (:meth:`.sim_tables.SimTables.units`)."""
+    return [u.members for u in sim_tables(problem).units(problem, schedule.buckets).units]
 
 
 def placements(problem: ScheduleProblem, schedule: Schedule) -> list[BucketPlacement]:
