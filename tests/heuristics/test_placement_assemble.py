@@ -68,3 +68,23 @@ def test_the_random_cases_reach_shared_slots() -> None:
             slots = [issue[m] for b in buckets for m in b] + [wait[m] for b in buckets for m in b]
             shared += any(slots.count(s) > 1 for s in slots)
     assert assembled >= 200 and shared >= 50, (assembled, shared)
+
+
+def test_the_random_cases_take_both_slot_paths(monkeypatch) -> None:  # noqa: ANN001
+    """The comparison above covers both ways a shared slot is ordered: by key alone where nothing
+    there must follow anything else (``_unconstrained``), and by the grouped edges otherwise."""
+    from fxsched.heuristics import placement
+
+    seen = {True: 0, False: 0}
+    plain = placement._unconstrained
+
+    def counted(*args):  # noqa: ANN002, ANN202
+        out = plain(*args)
+        seen[out] += 1
+        return out
+
+    monkeypatch.setattr(placement, "_unconstrained", counted)
+    for seed in range(60):
+        for pl, issue, wait, buckets, prio, after in _cases(seed):
+            _outcome(assemble, pl, issue, wait, buckets, priority=prio, issue_after=after)
+    assert seen[True] >= 100 and seen[False] >= 100, seen
