@@ -7,7 +7,7 @@ compute clock then run as array operations over these tables, and only the issue
 full simulation (:func:`.simulator.simulate`, the schedule check included) from 4.4 to 1.2 ms.
 
 What the simulator reads of each issued unit (a bucket or a lone collective: its members, group,
-runtime, copies, and the ops and storages its positions move) depends only on the bucketing, so a
+runtime, copies, whether it is hideable, and the ops and storages its positions move) depends only on the bucketing, so a
 :class:`UnitTable` per bucketing is kept too (:meth:`SimTables.units`), and the issue and wait
 positions of every unit come from a few array reductions. The deferral passes score one
 bucketing thousands of times: on the tp_2x4 backward (2,375 ops, 200 collectives) a makespan
@@ -57,6 +57,7 @@ class _Unit:
     copies_out: bool  # a bucket whose kind copies out at its wait (all_gather, all_to_all)
     bytes_in: int
     bytes_out: int
+    hideable: bool  # some positive-cost compute is independent of every member (DESIGN.md)
 
 
 class UnitTable:
@@ -82,9 +83,6 @@ class UnitTable:
         self.multi_units = [k for k, u in enumerate(units) if len(u.members) > 1]
         self.merged = [np.concatenate([tables.allocates[index[m]] for m in units[k].members])
                        for k in self.multi_units if not units[k].copies_out]
-
-    def __len__(self) -> int:
-        return len(self.units)
 
     def positions(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per unit, its issue position (its last member's) and wait position (its first member's
@@ -127,7 +125,6 @@ class SimTables:
         self.dependent = np.array([i for _, i in edges], dtype=np.int64)
         self._unit_tables: dict[tuple[tuple[str, ...], ...], UnitTable] = {}
         self._units: dict[tuple[str, ...], _Unit] = {}
-        self.hideable: dict[tuple[str, ...], bool] = {}  # per unit (simulator.py keeps it)
 
     def units(self, problem: ScheduleProblem, buckets: tuple[tuple[str, ...], ...]) -> UnitTable:
         """The :class:`UnitTable` of ``buckets`` (a valid schedule's), kept for later calls."""
@@ -146,16 +143,20 @@ class SimTables:
         if unit is None:
             if len(self._units) >= MAX_UNITS:
                 self._units.clear()
-                self.hideable.clear()
             ordered = tuple(sorted(members, key=problem.index.__getitem__))
             infos = [problem.op_by_name[m].collective for m in ordered]
+            related = 0  # the members, their ancestors and their descendants
+            for m in ordered:
+                i = problem.index[m]
+                related |= problem.ancestors[i] | problem.descendants[i] | (1 << i)
             unit = self._units[members] = _Unit(
                 members=ordered, group=infos[0].group,  # type: ignore[union-attr]
                 runtime_ns=problem.bucket_runtime_ns(ordered), copy_in_ns=copy_in_ns(problem, ordered),
                 copy_out_ns=copy_out_ns(problem, ordered),
                 copies_out=len(ordered) > 1 and infos[0].kind.bucket_copies_out,  # type: ignore[union-attr]
                 bytes_in=sum(c.bytes_in for c in infos),  # type: ignore[union-attr]
-                bytes_out=sum(c.bytes_out for c in infos))  # type: ignore[union-attr]
+                bytes_out=sum(c.bytes_out for c in infos),  # type: ignore[union-attr]
+                hideable=bool(problem.timed_compute_mask & ~related))
         return unit
 
     def positions(self, problem: ScheduleProblem, order: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

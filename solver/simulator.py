@@ -160,7 +160,6 @@ class _Placed:
 
     def __init__(self, problem: ScheduleProblem, schedule: Schedule):
         self.tables = tables = sim_tables(problem)
-        self.n = len(schedule.order)
         self.at, self.pos = tables.positions(problem, schedule.order)
         self.units = tables.units(problem, schedule.buckets)
         self.issue, self.wait = self.units.positions(self.pos)
@@ -223,24 +222,10 @@ def _timeline(
             out.append(CollectiveTiming(
                 members=u.members, group=u.group, issue_pos=issue_pos[k], wait_pos=wait_pos[k],
                 issue_ns=issued[k], start_ns=starts[k], end_ns=ends[k], wait_ns=waited[k], exposed_ns=stalls[k],
-                hideable=_hideable(problem, u.members),
+                hideable=u.hideable,
             ))
     total = int(ran[-1]) if len(ran) else 0
     return out, total + offset, total + copies, exposed
-
-
-def _hideable(problem: ScheduleProblem, members: tuple[str, ...]) -> bool:
-    """A collective is hideable when some positive-cost compute is independent of it (kept per
-    unit with the problem's tables: it depends on the members only)."""
-    cache = sim_tables(problem).hideable
-    known = cache.get(members)
-    if known is None:
-        related = 0
-        for m in members:
-            i = problem.index[m]
-            related |= problem.ancestors[i] | problem.descendants[i] | (1 << i)
-        known = cache[members] = bool(problem.timed_compute_mask & ~related)
-    return known
 
 
 def memory_curve(problem: ScheduleProblem, schedule: Schedule) -> tuple[int, list[int]]:
@@ -259,7 +244,7 @@ def memory_curve(problem: ScheduleProblem, schedule: Schedule) -> tuple[int, lis
 
 def _memory(problem: ScheduleProblem, placed: _Placed) -> tuple[int, list[int]]:
     """:func:`memory_curve` of a placed schedule."""
-    tables, units, n = placed.tables, placed.units, placed.n
+    tables, units, n = placed.tables, placed.units, len(placed.at)
     issue, wait = placed.issue, placed.wait
     use_at, out_at = placed.pos.copy(), placed.pos.copy()  # per op: the position its reads count at / its outputs appear
     use_at[units.single_ops] = wait[units.single_units]

@@ -299,7 +299,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
 
     steps: list[tuple[str, Callable[[Schedule], Schedule]]] = [("sink", sink), ("shift", shift)]
     if config.mode == "free":  # heavy compute may move: fill stalls, defer, then pipeline weight gradients
-        steps += [("fill", fill), ("defer", defer(mid, min(half_moves, FIRST_DEFER_MAX_MOVES))), ("fill", fill), ("sink", sink),
+        first_defer = defer(mid, min(half_moves, FIRST_DEFER_MAX_MOVES))
+        steps += [("fill", fill), ("defer", first_defer), ("fill", fill), ("sink", sink),
                   ("pipeline", pipeline), ("critical", critical), ("defer", defer_half_left), ("far", far),
                   ("fill", fill), ("sink", sink), ("pull", pull)]
     steps.append(("shift", shift))

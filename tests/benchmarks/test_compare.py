@@ -47,10 +47,6 @@ def zoo() -> Iterator[ZooGraph]:
         dist.destroy_process_group()
 
 
-def _groups(zg: ZooGraph) -> dict[str, int]:
-    return zg.group_sizes
-
-
 @pytest.fixture(scope="module", params=["forward", "backward"])
 def ext(request: pytest.FixtureRequest, zoo: ZooGraph) -> Extraction:
     ext = zoo.extract(request.param)
@@ -103,7 +99,7 @@ def test_inductor_maps_back_to_a_valid_schedule(ext: Extraction, zoo: ZooGraph, 
         assert sched.buckets == () and not new_colls
         assert res.n_collectives == len(ext.problem.collectives)
         # without buckets the output graph's own problem is the same problem in another order
-        alt = simulate(reextract(run, _groups(zoo)))
+        alt = simulate(reextract(run, zoo.group_sizes))
         assert (alt.exposed_ns, alt.makespan_ns, alt.n_collectives) == (res.exposed_ns, res.makespan_ns,
                                                                         res.n_collectives)
     else:
@@ -130,7 +126,7 @@ def test_unmappable_output_is_reextracted(ext: Extraction, zoo: ZooGraph) -> Non
         node.meta.pop("from_node", None)
     with pytest.raises(MappingError, match="from_node"):
         map_schedule(ext.problem, run)
-    scored = score_inductor(ext, run, _groups(zoo))
+    scored = score_inductor(ext, run, zoo.group_sizes)
     assert scored.method == "re-extracted" and "from_node" in scored.note
     assert scored.problem is not ext.problem
     res = simulate(scored.problem, scored.schedule)
