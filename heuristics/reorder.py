@@ -25,37 +25,59 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from ..solver.problem import OpKind, ScheduleProblem
+import numpy as np
+
+from ..solver.problem import OpKind, ScheduleProblem, bit_mask
 from ..solver.schedule import Schedule, check_schedule
-from ..solver.simulator import CollectiveTiming, SimResult, makespan_ns, simulate
+from ..solver.sim_tables import sim_tables
+from ..solver.simulator import CollectiveTiming, SimResult, makespan_at, simulate
 from .bucketing import bit_indices
 from .overlap import original_peak
 
 log = logging.getLogger(__name__)
 
 
-def deferred(problem: ScheduleProblem, sched: Schedule, pos: dict[str, int], bucketed: frozenset[str],
-              issue_pos: int, seeds: set[str]) -> Schedule | None:
+class Deferrals:
+    """Deferrals of seed sets past issues of one schedule, built as index arrays (op index per
+    position): a search ranks hundreds of them by makespan and names the ops of the few it keeps."""
+
+    def __init__(self, problem: ScheduleProblem, sched: Schedule):
+        self.problem, self.sched = problem, sched
+        self.at, self.pos = sim_tables(problem).positions(problem, sched.order)
+        self.bucketed = np.zeros(len(problem.ops), dtype=bool)
+        for b in sched.buckets:
+            self.bucketed[[problem.index[m] for m in b]] = True
+
+    def order(self, issue_pos: int, seeds: set[str]) -> tuple[np.ndarray, bool]:
+        """The order with ``seeds`` (before ``issue_pos``) and every op that depends on them up to
+        the issue moved just after it, in their old relative order, and whether that moves a bucket
+        member. What depends on a seed and lies before the issue is its descendants there: a path
+        from a seed runs through ops placed between the two."""
+        problem = self.problem
+        idx = [problem.index[s] for s in seeds]
+        first = int(self.pos[idx].min())
+        bits = 0
+        for i in idx:
+            bits |= problem.descendants[i] | (1 << i)
+        seg = self.at[first:issue_pos + 1]
+        moved = bit_mask(bits, len(problem.ops))[seg]
+        new = np.concatenate((self.at[:first], seg[~moved], seg[moved], self.at[issue_pos + 1:]))
+        return new, bool(self.bucketed[seg[moved]].any())
+
+    def schedule(self, at: np.ndarray) -> Schedule:
+        """The schedule of the order ``at`` (with the deferrals' schedule's buckets)."""
+        return Schedule(order=tuple(map(self.problem.names.__getitem__, at.tolist())), buckets=self.sched.buckets,
+                        multi_dtype=self.sched.multi_dtype)
+
+
+def deferred(problem: ScheduleProblem, sched: Schedule, issue_pos: int, seeds: set[str]) -> Schedule | None:
     """``sched`` with ``seeds`` (non-ancestors of the collective issued at ``issue_pos``, before it)
     and every op that depends on them up to the issue moved just after the issue, in their old
     relative order; None when it moves a bucket member past another member's wait."""
-    order = sched.order
-    moved, kept, moved_bits, moves_member = [], [], 0, False
-    first = min(pos[s] for s in seeds)
-    for p in range(first, issue_pos + 1):
-        op = order[p]
-        i = problem.index[op]
-        if op in seeds or problem.ancestors[i] & moved_bits:
-            moves_member = moves_member or op in bucketed
-            moved.append(op)
-            moved_bits |= 1 << i
-        else:
-            kept.append(op)
-    new = Schedule(order=order[:first] + tuple(kept) + tuple(moved) + order[issue_pos + 1:],
-                   buckets=sched.buckets, multi_dtype=sched.multi_dtype)
-    if moves_member and check_schedule(problem, new):
-        return None  # split a bucket's issue from another member's wait
-    return new
+    d = Deferrals(problem, sched)
+    at, moves_member = d.order(issue_pos, seeds)
+    new = d.schedule(at)
+    return None if moves_member and check_schedule(problem, new) else new
 
 
 def _suffix_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, start: int, issue_pos: int) -> set[str]:
@@ -203,16 +225,20 @@ def fastest_deferral(problem: ScheduleProblem, sched: Schedule, res: SimResult, 
     ``min_gain_ns``, simulated; None if none does. Candidates are ranked by makespan (no memory
     curve), ties by their order, and only the best are simulated in full; ``deadline`` stops the
     ranking early."""
-    pos = {op: i for i, op in enumerate(sched.order)}
-    bucketed = frozenset(m for b in sched.buckets for m in b)
-    ranked: list[tuple[int, int, Schedule]] = []
+    d = Deferrals(problem, sched)
+    ranked: list[tuple[int, int, np.ndarray]] = []
     for k, seeds in enumerate(seed_sets):
         if deadline is not None and time.perf_counter() > deadline:
             break
-        cand = deferred(problem, sched, pos, bucketed, issue_pos, seeds) if seeds else None
-        if cand is not None and (ms := makespan_ns(problem, cand)) < res.makespan_ns - min_gain_ns:
-            ranked.append((ms, k, cand))
-    for _, _, cand in sorted(ranked, key=lambda x: x[:2]):  # the fastest that fits the memory budget
+        if not seeds:
+            continue
+        at, moves_member = d.order(issue_pos, seeds)
+        if moves_member and check_schedule(problem, d.schedule(at)):
+            continue  # split a bucket's issue from another member's wait
+        if (ms := makespan_at(problem, at, sched.buckets)) < res.makespan_ns - min_gain_ns:
+            ranked.append((ms, k, at))
+    for _, _, at in sorted(ranked, key=lambda x: x[:2]):  # the fastest that fits the memory budget
+        cand = d.schedule(at)
         r = simulate(problem, cand, check=False)  # valid by construction (deferred)
         if r.peak_memory_bytes <= budget:
             return cand, r

@@ -17,9 +17,12 @@ another.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule
-from ..solver.simulator import CollectiveTiming, SimResult, makespan_ns, simulate
+from ..solver.sim_tables import sim_tables
+from ..solver.simulator import CollectiveTiming, SimResult, makespan_at, simulate
 from .overlap import original_peak
 from .reorder import first_improvements
 
@@ -67,15 +70,17 @@ def _best_pull(problem: ScheduleProblem, sched: Schedule, res: SimResult, t: Col
     than ``min_gain_ns`` (None if none does). Ranked by makespan, then simulated in full; ``left``
     holds how many candidates may still be tried, counted down."""
     order, w = sched.order, t.wait_pos
-    ranked: list[tuple[int, int, Schedule]] = []
+    at, _ = sim_tables(problem).positions(problem, order)
+    ranked: list[tuple[int, int, np.ndarray]] = []
     cands = pull_candidates(problem, order, w, t.exposed_ns, limit if left[0] is None else min(limit, left[0]))
     if left[0] is not None:
         left[0] -= len(cands)
-    for j in cands:
-        cand = Schedule(order[:w] + (order[j],) + order[w:j] + order[j + 1:], sched.buckets, sched.multi_dtype)
-        if (ms := makespan_ns(problem, cand)) < res.makespan_ns - min_gain_ns:
-            ranked.append((ms, j, cand))
-    for _, _, cand in sorted(ranked, key=lambda x: x[:2]):
+    for j in cands:  # ranked as index arrays; only the ones simulated in full are named
+        cand_at = np.concatenate((at[:w], at[j:j + 1], at[w:j], at[j + 1:]))
+        if (ms := makespan_at(problem, cand_at, sched.buckets)) < res.makespan_ns - min_gain_ns:
+            ranked.append((ms, j, cand_at))
+    for _, _, cand_at in sorted(ranked, key=lambda x: x[:2]):
+        cand = Schedule(tuple(map(problem.names.__getitem__, cand_at.tolist())), sched.buckets, sched.multi_dtype)
         r = simulate(problem, cand, check=False)  # valid by construction
         if r.peak_memory_bytes <= budget:
             return cand, r

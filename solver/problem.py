@@ -245,6 +245,11 @@ class ScheduleProblem:
         return {op.name: op for op in self.ops}
 
     @cached_property
+    def names(self) -> tuple[str, ...]:
+        """Op names in the problem's order (index -> name)."""
+        return tuple(op.name for op in self.ops)
+
+    @cached_property
     def index(self) -> dict[str, int]:
         """Position of each op in the original order."""
         return {op.name: i for i, op in enumerate(self.ops)}

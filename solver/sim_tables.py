@@ -83,6 +83,11 @@ class UnitTable:
         self.multi_units = [k for k, u in enumerate(units) if len(u.members) > 1]
         self.merged = [np.concatenate([tables.allocates[index[m]] for m in units[k].members])
                        for k in self.multi_units if not units[k].copies_out]
+        group_of = {g: i for i, g in enumerate(sorted({u.group for u in units}))}
+        self.n_groups = len(group_of)
+        # per unit, as lists: copy-in, copy-out, runtime and group number (the makespan-only walk)
+        self.walk = ([u.copy_in_ns for u in units], [u.copy_out_ns for u in units], [u.runtime_ns for u in units],
+                     [group_of[u.group] for u in units])
 
     def positions(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per unit, its issue position (its last member's) and wait position (its first member's

@@ -30,8 +30,8 @@ from .problem import ScheduleProblem
 from .schedule import Schedule, ScheduleError, check_schedule
 from .sim_tables import copy_in_ns, copy_out_ns, sim_tables
 
-__all__ = ["CollectiveTiming", "SimResult", "copy_in_ns", "copy_out_ns", "makespan_ns", "memory_curve",
-           "position_clocks", "simulate", "timed_clocks"]
+__all__ = ["CollectiveTiming", "SimResult", "copy_in_ns", "copy_out_ns", "makespan_at", "makespan_ns",
+           "memory_curve", "position_clocks", "simulate", "timed_clocks"]
 
 _NEVER = 1 << 62
 
@@ -134,7 +134,14 @@ def makespan_ns(problem: ScheduleProblem, schedule: Schedule) -> int:
     """The makespan :func:`simulate` gives a valid ``schedule``, without the memory curve or the
     collectives' timings (cheaper: local searches rank many candidates by makespan and check memory
     only for the best)."""
-    return _timeline(problem, _Placed(problem, schedule), timings=False)[1]
+    return _makespan(problem, _Placed(problem, schedule))
+
+
+def makespan_at(problem: ScheduleProblem, at: np.ndarray, buckets: tuple[tuple[str, ...], ...]) -> int:
+    """:func:`makespan_ns` of the valid schedule with op ``at[p]`` (a problem index) at each position
+    ``p`` and ``buckets``: local searches that build their candidates as index arrays rank them
+    without naming every op (heuristics/reorder.py, heuristics/single_pull.py)."""
+    return _makespan(problem, _Placed(problem, buckets=buckets, at=at))
 
 
 def position_clocks(problem: ScheduleProblem, schedule: Schedule) -> list[int]:
@@ -158,10 +165,18 @@ class _Placed:
     """A valid schedule's positions: the op at each, each op's, and each issued unit's issue and
     wait (:class:`.sim_tables.UnitTable`), computed once for the timeline and the memory curve."""
 
-    def __init__(self, problem: ScheduleProblem, schedule: Schedule):
+    def __init__(self, problem: ScheduleProblem, schedule: Schedule | None = None, *,
+                 buckets: tuple[tuple[str, ...], ...] = (), at: np.ndarray | None = None):
+        """Of ``schedule``, or (without one) of the order ``at`` (op index per position) and ``buckets``."""
         self.tables = tables = sim_tables(problem)
-        self.at, self.pos = tables.positions(problem, schedule.order)
-        self.units = tables.units(problem, schedule.buckets)
+        if schedule is not None:
+            self.at, self.pos = tables.positions(problem, schedule.order)
+            buckets = schedule.buckets
+        else:
+            assert at is not None
+            self.at, self.pos = at, np.empty(len(at), dtype=np.int64)
+            self.pos[at] = np.arange(len(at), dtype=np.int64)
+        self.units = tables.units(problem, buckets)
         self.issue, self.wait = self.units.positions(self.pos)
 
 
@@ -240,6 +255,35 @@ def memory_curve(problem: ScheduleProblem, schedule: Schedule) -> tuple[int, lis
     to its wait; the outputs of a bucket that does not copy out are views of one buffer, freed
     together. Computed as array operations over :mod:`.sim_tables`."""
     return _memory(problem, _Placed(problem, schedule))
+
+
+def _makespan(problem: ScheduleProblem, placed: _Placed) -> int:
+    """:func:`_timeline`'s makespan alone: the same walk over issues and waits, keeping only what
+    the makespan needs (the searches rank thousands of candidates by it). Links that contend
+    need every running collective: that case takes the full walk."""
+    if problem.link_contention:
+        return _timeline(problem, placed, timings=False)[1]
+    ran = np.cumsum(placed.tables.runtime[placed.at])
+    total = int(ran[-1]) if len(ran) else 0
+    count = len(placed.units.units)
+    positions = np.concatenate([placed.issue, placed.wait])
+    walk = np.argsort(positions, kind="stable")
+    copy_in, copy_out, runtime, group = placed.units.walk
+    free, ends = [0] * placed.units.n_groups, [0] * count
+    offset = 0  # copies and stalls so far
+    for e, base in zip(walk.tolist(), ran[positions[walk]].tolist()):
+        if e < count:  # an issue: its copy-in, then it starts once its group's stream is free
+            offset += copy_in[e]
+            t, g = base + offset, group[e]
+            end = (t if t > free[g] else free[g]) + runtime[e]
+            free[g] = ends[e] = end
+        else:  # a wait: its stall, then its copy-out
+            e -= count
+            stall = ends[e] - base - offset
+            if stall > 0:
+                offset += stall
+            offset += copy_out[e]
+    return total + offset
 
 
 def _memory(problem: ScheduleProblem, placed: _Placed) -> tuple[int, list[int]]:

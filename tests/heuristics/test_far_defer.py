@@ -45,7 +45,7 @@ def test_defers_a_filler_from_far_back_past_the_queue_head() -> None:
     base = Schedule.original(p)
     assert simulate(p, base).makespan_ns == 700
     pos = {op: i for i, op in enumerate(base.order)}
-    alone = {f: simulate(p, deferred(p, base, pos, frozenset(), pos["r"], {f})).makespan_ns for f in ("f", "g")}
+    alone = {f: simulate(p, deferred(p, base, pos["r"], {f})).makespan_ns for f in ("f", "g")}
     assert alone == {"f": 550, "g": 700}
     out = defer_far_fillers(p, base)
     assert out.order == ("q", "g", "wq", "e", "r", "f", "rf", "wf", "wr")

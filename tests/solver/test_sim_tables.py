@@ -10,7 +10,8 @@ import random
 
 from fxsched.solver import CollectiveKind, Schedule, check_schedule, simulate
 from fxsched.solver.sim_tables import sim_tables
-from fxsched.solver.simulator import makespan_ns, memory_curve, timed_clocks
+import numpy as np
+from fxsched.solver.simulator import makespan_at, makespan_ns, memory_curve, timed_clocks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,7 @@ def test_simulate_matches_the_op_by_op_walk(case) -> None:  # noqa: ANN001
     assert r.peak_memory_bytes == max([initial, *curve])
     assert timed_clocks(p, s) == (timings, clocks)
     assert makespan_ns(p, s) == makespan
+    assert makespan_at(p, np.array([p.index[n] for n in s.order]), s.buckets) == makespan
     assert memory_curve(p, s) == (initial, curve)
 
 
