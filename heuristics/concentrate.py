@@ -40,7 +40,6 @@ import time
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, check_schedule
 from ..solver.simulator import CollectiveTiming, SimResult, simulate
-from .bucketing import bit_indices
 from .sink import sunk
 
 log = logging.getLogger(__name__)
@@ -112,21 +111,20 @@ def pulled(problem: ScheduleProblem, schedule: Schedule, wait_pos: int, stall_ns
     stalls of a few microseconds where compute ready before the wait runs just after it.
     ``keep_heavy_order`` (fixed heavy-compute order): a heavy op never passes another."""
     order, ops, index = schedule.order, problem.ops, problem.index
-    pos = {name: p for p, name in enumerate(order)}
     moved: set[str] = set()
     total, passed_heavy = 0, False  # passed_heavy: a heavy op that stays lies between
     for q in range(wait_pos + 1, min(len(order), wait_pos + 1 + reach)):
         op = ops[index[order[q]]]
         fits = op.runtime_ns >= stall_ns or (accumulate and op.runtime_ns > 0)
         if op.kind is OpKind.COMPUTE and fits and not (op.heavy and passed_heavy):
-            need = [ops[j].name for j in bit_indices(problem.ancestors[index[op.name]])
-                    if wait_pos <= pos[ops[j].name] < q and ops[j].name not in moved]
+            anc = problem.ancestors[index[op.name]]  # what it needs from the wait on: the ops there it depends on
+            need = [n for n in order[wait_pos:q] if anc >> index[n] & 1 and n not in moved]
             # it may not need the wait, nor compute, a collective or another wait that stays
             if all(ops[index[n]].kind is OpKind.ZERO for n in need):
                 moved |= set(need) | {op.name}
                 total += op.runtime_ns
                 if total >= stall_ns:
-                    new = order[:wait_pos] + tuple(sorted(moved, key=pos.__getitem__)) + tuple(
+                    new = order[:wait_pos] + tuple(n for n in order[wait_pos:q + 1] if n in moved) + tuple(
                         n for n in order[wait_pos:] if n not in moved)
                     return Schedule(new, schedule.buckets, schedule.multi_dtype)
                 continue
