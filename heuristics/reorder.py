@@ -66,8 +66,14 @@ class Deferrals:
 
     def schedule(self, at: np.ndarray) -> Schedule:
         """The schedule of the order ``at`` (with the deferrals' schedule's buckets)."""
-        return Schedule(order=tuple(map(self.problem.names.__getitem__, at.tolist())), buckets=self.sched.buckets,
-                        multi_dtype=self.sched.multi_dtype)
+        return named(self.problem, at, self.sched)
+
+
+def named(problem: ScheduleProblem, at: np.ndarray, like: Schedule) -> Schedule:
+    """The schedule of the order ``at`` (op index per position) with ``like``'s buckets: what a search
+    that ranks index-array candidates keeps."""
+    return Schedule(order=tuple(map(problem.names.__getitem__, at.tolist())), buckets=like.buckets,
+                    multi_dtype=like.multi_dtype)
 
 
 def deferred(problem: ScheduleProblem, sched: Schedule, issue_pos: int, seeds: set[str]) -> Schedule | None:

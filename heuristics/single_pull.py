@@ -24,7 +24,7 @@ from ..solver.schedule import Schedule
 from ..solver.sim_tables import sim_tables
 from ..solver.simulator import CollectiveTiming, SimResult, makespan_at, simulate
 from .overlap import original_peak
-from .reorder import first_improvements
+from .reorder import first_improvements, named
 
 
 def pull_single_fillers(problem: ScheduleProblem, schedule: Schedule, *, budget_bytes: int | None = None,
@@ -80,7 +80,7 @@ def _best_pull(problem: ScheduleProblem, sched: Schedule, res: SimResult, t: Col
         if (ms := makespan_at(problem, cand_at, sched.buckets)) < res.makespan_ns - min_gain_ns:
             ranked.append((ms, j, cand_at))
     for _, _, cand_at in sorted(ranked, key=lambda x: x[:2]):
-        cand = Schedule(tuple(map(problem.names.__getitem__, cand_at.tolist())), sched.buckets, sched.multi_dtype)
+        cand = named(problem, cand_at, sched)
         r = simulate(problem, cand, check=False)  # valid by construction
         if r.peak_memory_bytes <= budget:
             return cand, r
