@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import pickle
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -33,8 +34,21 @@ log = logging.getLogger(__name__)
 
 
 def _search(problem: ScheduleProblem, schedule: Schedule, seed: int, kwargs: dict[str, Any]) -> Schedule:
-    """One seed's search (a child process's whole job: top-level, so that it pickles)."""
+    """One seed's search."""
     return plan_search(problem, schedule, seed=seed, **kwargs)
+
+
+def _child_search(payload: bytes, seed: int) -> Schedule:
+    """A child process's whole job (top-level, so that it pickles): one seed's search of the
+    ``(problem, schedule, kwargs)`` pickled in ``payload``.
+
+    The parent pickles them itself, before its own search starts. Handed to the pool as objects,
+    they would be pickled later, in the pool's feeder thread, while the parent's search fills the
+    problem's cached properties: "dictionary changed size during iteration", and the child's seed
+    was lost (on the 4-node backward, in every 2-process solve).
+    """
+    problem, schedule, kwargs = pickle.loads(payload)
+    return _search(problem, schedule, seed, kwargs)
 
 
 def plan_search_seeds(problem: ScheduleProblem, schedule: Schedule, seeds: Sequence[int], *,
@@ -53,8 +67,9 @@ def plan_search_seeds(problem: ScheduleProblem, schedule: Schedule, seeds: Seque
     pool = None
     if len(seeds) > 1:
         try:
+            payload = pickle.dumps((problem, schedule, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
             pool = ProcessPoolExecutor(len(seeds) - 1, mp_context=multiprocessing.get_context("spawn"))
-            futures = [(s, pool.submit(_search, problem, schedule, s, kwargs)) for s in seeds[1:]]
+            futures = [(s, pool.submit(_child_search, payload, s)) for s in seeds[1:]]
         except Exception as exc:  # noqa: BLE001 - no child: the parent's seed still runs
             log.warning("plan_search_seeds %s: could not start child searches (%s); one seed only", problem.name, exc)
     collected = False

@@ -86,3 +86,36 @@ def test_failed_children_leave_the_parents_seed(monkeypatch, caplog, pool, messa
         out = pp.plan_search_seeds(p, base, [2, 5, 6], max_evals=EVALS)
     assert out == plan_search(p, base, max_evals=EVALS, seed=2)
     assert message in caplog.text
+
+
+class _RecordingPool:
+    """Stands in for the process pool: records what each submit hands it and runs the call only
+    when its result is asked for, after the parent's own search (a late feeder thread)."""
+
+    submitted: list[tuple] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def submit(self, fn, *args) -> Future:
+        _RecordingPool.submitted.append(args)
+        fut: Future = Future()
+        fut.result = lambda timeout=None: fn(*args)  # type: ignore[method-assign]
+        return fut
+
+    def shutdown(self, **kwargs) -> None:
+        pass
+
+
+def test_children_get_the_problem_pickled_before_the_parents_search(monkeypatch) -> None:
+    """What a child gets is bytes and ints, pickled before the parent's search starts: handed over
+    as objects, the pool's feeder thread pickled the problem while the parent's search filled its
+    cached properties, and the child's seed was lost. The child's answer is still its seed's
+    plain search."""
+    p, base, (slow, slow_out), (fast, fast_out) = _parent_seed_loses()
+    _RecordingPool.submitted = []
+    monkeypatch.setattr(pp, "ProcessPoolExecutor", _RecordingPool)
+    out = pp.plan_search_seeds(p, base, [slow, fast], max_evals=EVALS)
+    assert len(_RecordingPool.submitted) == 1
+    assert all(isinstance(a, (bytes, int)) for a in _RecordingPool.submitted[0])
+    assert out == fast_out
