@@ -113,9 +113,11 @@ def test_improves_somewhere() -> None:
     assert gains >= 1
 
 
-def test_gives_up_when_nothing_beats_the_start(monkeypatch) -> None:
+@pytest.mark.parametrize("max_evals", [200, 1000, 10_000])
+def test_gives_up_when_nothing_beats_the_start(monkeypatch, max_evals) -> None:
     """From two_gathers' optimum (6120 ns apart, the oracle's), no plan is faster: the search stops
-    after GIVE_UP_EVALS scored plans however many it was given."""
+    after GIVE_UP_EVALS scored plans, or GIVE_UP_SHARE of those it was given when that is more
+    (after its fall back to the given plan had its turn)."""
     import fxsched.heuristics.stream_plan as sp
 
     p = two_gathers()
@@ -131,8 +133,10 @@ def test_gives_up_when_nothing_beats_the_start(monkeypatch) -> None:
         return move
 
     monkeypatch.setattr(sp, "_neighbour", counted)
-    assert plan_search(p, base, budget_bytes=1 << 20, max_evals=10_000) is base
-    assert len(moves) == sp.GIVE_UP_EVALS - len(sp.COARSE_PIECES)  # the coarse plans count as scored
+    assert plan_search(p, base, budget_bytes=1 << 20, max_evals=max_evals) is base
+    scored = {200: sp.GIVE_UP_EVALS, 1000: 500, 10_000: 5000}[max_evals]
+    assert scored == max(sp.GIVE_UP_EVALS, sp.GIVE_UP_SHARE * max_evals)
+    assert len(moves) == scored - len(sp.COARSE_PIECES)  # the coarse plans count as scored
 
 
 def four_gradients(sizes: tuple[int, ...] = (10, 10, 20, 20)) -> ScheduleProblem:
