@@ -64,6 +64,11 @@ class Deferrals:
         new = np.concatenate((self.at[:first], seg[~moved], seg[moved], self.at[issue_pos + 1:]))
         return new, bool(self.bucketed[seg[moved]].any())
 
+    def valid_order(self, issue_pos: int, seeds: set[str]) -> np.ndarray | None:
+        """:meth:`order`, or None when it moves a bucket member past another member's wait."""
+        at, moves_member = self.order(issue_pos, seeds)
+        return None if moves_member and check_schedule(self.problem, self.schedule(at)) else at
+
     def schedule(self, at: np.ndarray) -> Schedule:
         """The schedule of the order ``at`` (with the deferrals' schedule's buckets)."""
         return named(self.problem, at, self.sched)
@@ -81,9 +86,8 @@ def deferred(problem: ScheduleProblem, sched: Schedule, issue_pos: int, seeds: s
     and every op that depends on them up to the issue moved just after the issue, in their old
     relative order; None when it moves a bucket member past another member's wait."""
     d = Deferrals(problem, sched)
-    at, moves_member = d.order(issue_pos, seeds)
-    new = d.schedule(at)
-    return None if moves_member and check_schedule(problem, new) else new
+    at = d.valid_order(issue_pos, seeds)
+    return None if at is None else d.schedule(at)
 
 
 def _suffix_seeds(problem: ScheduleProblem, order: tuple[str, ...], anc: int, start: int, issue_pos: int) -> set[str]:
@@ -238,10 +242,8 @@ def fastest_deferral(problem: ScheduleProblem, sched: Schedule, res: SimResult, 
             break
         if not seeds:
             continue
-        at, moves_member = d.order(issue_pos, seeds)
-        if moves_member and check_schedule(problem, d.schedule(at)):
-            continue  # split a bucket's issue from another member's wait
-        if (ms := makespan_at(problem, at, sched.buckets)) < res.makespan_ns - min_gain_ns:
+        at = d.valid_order(issue_pos, seeds)
+        if at is not None and (ms := makespan_at(problem, at, sched.buckets)) < res.makespan_ns - min_gain_ns:
             ranked.append((ms, k, at))
     for _, _, at in sorted(ranked, key=lambda x: x[:2]):  # the fastest that fits the memory budget
         cand = d.schedule(at)
