@@ -12,15 +12,6 @@ by (over the budget, makespan, peak memory, seed order), so equal inputs give eq
 every rank. A child that fails (it could not start, or raised) is logged and left out; the
 parent's own seed always runs, so the result is never worse than a one-seed search from it.
 
-Each process splits its share into independent annealings of about ``RESTART_S`` seconds (or
-``RESTART_EVALS`` plans), one seed each (its own, then that plus the number of processes, and so
-on), and keeps the fastest. On the 4-node backward an annealing finds its best plan within its
-first 3,000 plans and then stays in that plan's basin: twelve 3,000-plan annealings ended at
-160.11 (twice), 160.48, 160.62 ... 164.60 ms, eight 40 s annealings at 160.53 (twice), 160.71 ...
-162.61 ms; the fastest of eight short ones beats the fastest of two long ones. Its 60 s solves
-(2 processes, four annealings each) end at 160.11 ms with seeds 0 and 2-5 and 160.68 with seed
-1, where one annealing a process ended at 160.53-161.35.
-
 Nothing here imports torch or ortools.
 """
 
@@ -29,7 +20,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import pickle
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -42,40 +32,13 @@ from .stream_plan import plan_search
 
 log = logging.getLogger(__name__)
 
-RESTART_S = 10.0  # seconds an annealing gets when the search has a deadline (module doc)
-RESTART_EVALS = 3_000  # plans an annealing scores when the search has a plan count and no deadline
+
+def _search(problem: ScheduleProblem, schedule: Schedule, seed: int, kwargs: dict[str, Any]) -> Schedule:
+    """One seed's search."""
+    return plan_search(problem, schedule, seed=seed, **kwargs)
 
 
-def _search(problem: ScheduleProblem, schedule: Schedule, seed: int, kwargs: dict[str, Any],
-            stride: int = 1) -> Schedule:
-    """One process's search: independent annealings from ``schedule`` with seeds ``seed``, ``seed +
-    stride``, ... that split its deadline (``RESTART_S`` each) or its plans (``RESTART_EVALS``
-    each), the fastest within the budget kept (ties: the earlier)."""
-    deadline, max_evals = kwargs.get("deadline"), kwargs.get("max_evals")
-    if deadline is not None:
-        runs = max(1, round((deadline - time.perf_counter()) / RESTART_S))
-    else:
-        runs = max(1, round(max_evals / RESTART_EVALS)) if max_evals is not None else 1
-    budget = kwargs["budget_bytes"]
-    best_key, best = None, schedule
-    for k in range(runs):
-        now = time.perf_counter()
-        if k and deadline is not None and now >= deadline:
-            break
-        part = dict(kwargs)
-        if deadline is not None:
-            part["deadline"] = now + (deadline - now) / (runs - k)
-        if max_evals is not None:
-            part["max_evals"] = max_evals // runs
-        found = plan_search(problem, schedule, seed=seed + k * stride, **part)
-        r = simulate(problem, found)
-        key = (r.peak_memory_bytes > budget, r.makespan_ns, r.peak_memory_bytes)
-        if best_key is None or key < best_key:
-            best_key, best = key, found
-    return best
-
-
-def _child_search(payload: bytes, seed: int, stride: int = 1) -> Schedule:
+def _child_search(payload: bytes, seed: int) -> Schedule:
     """A child process's whole job (top-level, so that it pickles): one seed's search of the
     ``(problem, schedule, kwargs)`` pickled in ``payload``.
 
@@ -85,7 +48,7 @@ def _child_search(payload: bytes, seed: int, stride: int = 1) -> Schedule:
     was lost (on the 4-node backward, in every 2-process solve).
     """
     problem, schedule, kwargs = pickle.loads(payload)
-    return _search(problem, schedule, seed, kwargs, stride)
+    return _search(problem, schedule, seed, kwargs)
 
 
 def plan_search_seeds(problem: ScheduleProblem, schedule: Schedule, seeds: Sequence[int], *,
@@ -106,12 +69,12 @@ def plan_search_seeds(problem: ScheduleProblem, schedule: Schedule, seeds: Seque
         try:
             payload = pickle.dumps((problem, schedule, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
             pool = ProcessPoolExecutor(len(seeds) - 1, mp_context=multiprocessing.get_context("spawn"))
-            futures = [(s, pool.submit(_child_search, payload, s, len(seeds))) for s in seeds[1:]]
+            futures = [(s, pool.submit(_child_search, payload, s)) for s in seeds[1:]]
         except Exception as exc:  # noqa: BLE001 - no child: the parent's seed still runs
             log.warning("plan_search_seeds %s: could not start child searches (%s); one seed only", problem.name, exc)
     collected = False
     try:
-        results = [(seeds[0], _search(problem, schedule, seeds[0], kwargs, len(seeds)))]
+        results = [(seeds[0], _search(problem, schedule, seeds[0], kwargs))]
         for seed, fut in futures:
             try:
                 results.append((seed, fut.result()))

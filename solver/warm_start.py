@@ -179,9 +179,8 @@ def warm_start(problem: ScheduleProblem, budget_bytes: int, config: SolveConfig,
     can save no more than the exposed time, and at most ``max_bucketed`` of them (None: no bound;
     deterministic solves: :func:`bucket_tries`);
     then, on a :func:`stream_bound` graph where buckets may pay (the same test), each group's
-    buckets and FIFO order searched whole (:func:`..heuristics.stream_plan.plan_search`, in ``config.processes``
-    processes side by side, each running independent annealings that split its share:
-    :func:`..heuristics.parallel_plans.plan_search_seeds`; ``max_plans`` plans each, or with a
+    buckets and FIFO order searched whole (:func:`..heuristics.stream_plan.plan_search`, from ``config.processes``
+    seeds side by side: :func:`..heuristics.parallel_plans.plan_search_seeds`; ``max_plans`` plans each, or with a
     ``deadline``, ``PLAN_SHARE`` of the time left times the busiest stream's share of the
     makespan; neither: its default);
     then stalled waits sunk and bucket boundaries shifted (:func:`..heuristics.bucket_shift.shift_bucket_members`,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import Future
 
 import pytest
@@ -120,36 +119,3 @@ def test_children_get_the_problem_pickled_before_the_parents_search(monkeypatch)
     assert len(_RecordingPool.submitted) == 1
     assert all(isinstance(a, (bytes, int)) for a in _RecordingPool.submitted[0])
     assert out == fast_out
-
-
-def test_restarts_split_the_plans_and_keep_the_fastest(monkeypatch) -> None:
-    """A process's search of two annealings' plans runs two independent annealings (seeds ``s`` and
-    ``s + stride``), each of half the plans, and answers the faster; with one annealing's plans it
-    is the plain search of its own seed."""
-    p, base, (slow, slow_out), (fast, fast_out) = _parent_seed_loses()
-    monkeypatch.setattr(pp, "RESTART_EVALS", EVALS)
-    kwargs = {"max_evals": 2 * EVALS, "budget_bytes": original_peak(p)}
-    assert pp._search(p, base, slow, kwargs, stride=fast - slow) == fast_out
-    assert pp._search(p, base, slow, dict(kwargs, max_evals=EVALS), stride=fast - slow) == slow_out
-
-
-def test_restarts_split_the_deadline(monkeypatch) -> None:
-    """With a deadline of three annealings' time, a process runs three annealings, seeds ``s``,
-    ``s + stride``, ``s + 2 stride``, each to a deadline of its own; the last one's is the search's."""
-    p = tiny_problems(1, seed=29)[0]
-    base = overlap_schedule(p)
-    calls = []
-
-    def fake(problem, schedule, *, seed, deadline, **kwargs):  # noqa: ANN001, ANN202
-        calls.append((seed, deadline))
-        while time.perf_counter() < deadline:
-            time.sleep(0.005)
-        return schedule
-
-    monkeypatch.setattr(pp, "plan_search", fake)
-    monkeypatch.setattr(pp, "RESTART_S", 0.1)
-    deadline = time.perf_counter() + 0.3
-    assert pp._search(p, base, 5, {"deadline": deadline, "budget_bytes": original_peak(p)}, stride=2) == base
-    assert [s for s, _ in calls] == [5, 7, 9]
-    ends = [d for _, d in calls]
-    assert ends == sorted(ends) and ends[-1] == deadline and ends[0] < deadline
