@@ -325,8 +325,13 @@ def _needs(closure: _Closure, weights: np.ndarray, sizes: np.ndarray, xs: np.nda
     ``xs[i + 1]``): at least the most compute that needs none of the bytes from that first byte
     on, the graph's compute less the least compute holding them (``closure``: the users' side)."""
     total = float(sizes.sum())
-    first = np.append(np.append(0.0, xs[2:]), total)  # the least first byte's bound per state
-    return float(weights.sum()) - _release_curve(closure, weights, sizes, total - first)
+    return float(weights.sum()) - _release_curve(closure, weights, sizes, total - _first_bytes(xs, total))
+
+
+def _first_bytes(xs: np.ndarray, total: float) -> np.ndarray:
+    """Per state of the grid ``xs`` (as :func:`_needs`): a bound on the first byte of the bucket
+    from it (state 0: byte 0; state ``i``: ``xs[i + 1]``; the last state: ``total``)."""
+    return np.append(np.append(0.0, xs[2:]), total)
 
 
 def _member_limits(problem: ScheduleProblem, weights: np.ndarray, members: Sequence[Op], caps: dict[str, float],
@@ -359,8 +364,7 @@ def _member_limits(problem: ScheduleProblem, weights: np.ndarray, members: Seque
     sizes = np.array([c.collective.size_bytes for c in members], dtype=float)[order]  # type: ignore[union-attr]
     ends = np.cumsum(sizes)
     total, k = float(ends[-1]), len(xs) - 1
-    first = np.append(np.append(0.0, xs[2:]), total)  # as _needs: a bound on each state's next first byte
-    owner = np.minimum(np.searchsorted(ends, first, side="right"), len(order) - 1)
+    owner = np.minimum(np.searchsorted(ends, _first_bytes(xs, total), side="right"), len(order) - 1)
     allowed = np.maximum(np.maximum.accumulate(cap[order])[owner], sizes.max())
     return dl[order][owner], np.minimum(np.floor(allowed / (total / k) + 1e-9), k)
 
