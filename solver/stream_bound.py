@@ -107,16 +107,20 @@ class _Closure:
         out = np.zeros(len(xs))
         if len(idx) == 0:
             return out
-        if self._own_weights is not weights:  # the callers pass one weights array per problem: cache
-            self._own, self._own_weights = {}, weights
-        for i in idx:
-            if i not in self._own:
-                self._own[i] = float(weights[bit_mask(self._closures[i], self.n)].sum() + weights[i])
-        own = np.array([self._own[i] for i in idx])
+        own = np.array([self.own_compute(weights, int(i)) for i in idx])
         order = np.argsort(own, kind="stable")
         reach = np.cumsum(sizes[idx][order].astype(float))  # bytes held once the first j ops are
         j = np.minimum(np.searchsorted(reach, xs, side="left"), len(idx) - 1)
         return np.where(xs > 0, own[order][j], 0.0)
+
+    def own_compute(self, weights: np.ndarray, i: int) -> float:
+        """The compute of op ``i``'s own closure: it and its dependencies (users, reversed), cached
+        per ``weights`` array (the callers pass one per problem)."""
+        if self._own_weights is not weights:
+            self._own, self._own_weights = {}, weights
+        if i not in self._own:
+            self._own[i] = float(weights[bit_mask(self._closures[i], self.n)].sum() + weights[i])
+        return self._own[i]
 
     def least(self, weights: np.ndarray, sizes: np.ndarray, m: int, scale: int) -> int:
         """``min over closed D of scale * weights(D) - m * sizes(D)`` (exact; the caller keeps
@@ -335,9 +339,9 @@ def _first_bytes(xs: np.ndarray, total: float) -> np.ndarray:
 
 
 def _member_limits(problem: ScheduleProblem, weights: np.ndarray, members: Sequence[Op], caps: dict[str, float],
-                   xs: np.ndarray, reverse: bool) -> tuple[np.ndarray, np.ndarray]:
+                   xs: np.ndarray, closure: _Closure) -> tuple[np.ndarray, np.ndarray]:
     """For :func:`_deadline_end` over the grid ``xs`` of ``members``' bytes (one kind, needed by
-    compute; ``reverse``: in the time-reversed problem), per state as :func:`_needs`: the most
+    compute; ``closure``: the users' side, as :func:`_needs`), per state as :func:`_needs`: the most
     compute before the bucket from it must end, and the most whole cells it may cover.
 
     A bucket holding ``c`` ends before compute passes ``d(c)``, the compute that does not need
@@ -354,11 +358,8 @@ def _member_limits(problem: ScheduleProblem, weights: np.ndarray, members: Seque
     there: what :func:`_needs` gives, with the caps. On the 4-node FSDP backward within the
     original peak this raises the bound from 151.91 to 152.45 ms: the gathers the backward needs
     first must come in buckets of at most 1.3-1.8 GiB."""
-    n = len(problem.ops)
-    index = problem.index
-    side = problem.ancestors if reverse else problem.descendants
     compute = float(weights.sum())
-    dl = np.array([compute - float(weights[bit_mask(side[index[c.name]], n)].sum()) for c in members])
+    dl = np.array([compute - closure.own_compute(weights, problem.index[c.name]) for c in members])
     cap = np.array([caps.get(c.name, np.inf) for c in members])
     order = np.lexsort((cap, dl))
     sizes = np.array([c.collective.size_bytes for c in members], dtype=float)[order]  # type: ignore[union-attr]
@@ -534,11 +535,11 @@ def stream_release_bound(problem: ScheduleProblem, weights: np.ndarray, cols: Se
                 best, what = int(end), label
             if a_grid is not None:  # A (one kind) needed by compute: its deadlines stall the compute stream
                 stalls.append((end, label, (first, first + comm_others, last, closures[not reverse], a_sizes,
-                                            a_grid, releases, cell_cost, lead, late, others, reverse)))
+                                            a_grid, releases, cell_cost, lead, late, others)))
     # the stalled terms last, most promising first: each gives up once it cannot beat the best so far
-    for _, label, (first, base, last, closure, a_sizes, a_grid, releases, cell_cost, lead, late, others,
-                   reverse) in sorted(stalls, key=lambda s: -s[0]):
-        deadlines, most = _member_limits(problem, weights, others, caps or {}, a_grid[0], reverse)
+    for _, label, (first, base, last, closure, a_sizes, a_grid, releases, cell_cost, lead, late, others) in sorted(
+            stalls, key=lambda s: -s[0]):
+        deadlines, most = _member_limits(problem, weights, others, caps or {}, a_grid[0], closure)
         needs = np.minimum(_needs(closure, weights, a_sizes, a_grid[0]), deadlines)
         end = _stalled_term(weights, first, base, last, needs, a_grid[1], releases, cell_cost, max(floor, best),
                             lead, late, most)

@@ -251,14 +251,14 @@ def test_member_limits_by_hand() -> None:
     ], groups=("A",))
     members = [p.op_by_name[n] for n in ("g0", "g1", "g2")]
     caps = {"g0": 500, "g1": 400, "g2": 900}
-    deadlines, most = stream_bound._member_limits(p, bounds._weights(p), members, caps,
-                                                  np.array([0.0, 300.0, 600.0, 900.0]), reverse=False)
+    weights, grid = bounds._weights(p), np.array([0.0, 300.0, 600.0, 900.0])
+    users, needed = _Closure(p, reverse=True), _Closure(p, reverse=False)  # descendants / ancestors
+    deadlines, most = stream_bound._member_limits(p, weights, members, caps, grid, users)
     assert deadlines.tolist() == [0, 3_000, 3_000, 3_000]
     assert most.tolist() == [1, 3, 3, 3]
     # no caps: any bucket; in the time-reversed problem the deadlines come from what each needs
     # run before it (its ancestors: nothing here), so all of them are the whole compute
-    grid = np.array([0.0, 300.0, 600.0, 900.0])
-    deadlines, most = stream_bound._member_limits(p, bounds._weights(p), members, {}, grid, reverse=True)
+    deadlines, most = stream_bound._member_limits(p, weights, members, {}, grid, needed)
     assert deadlines.tolist() == [6_000] * 4 and most.tolist() == [3] * 4
 
 
@@ -310,7 +310,7 @@ def test_stall_binds_somewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sum(a > b for a, b in zip(with_stall, without)) >= 8
 
 
-def _no_member_limits(problem, weights, members, caps, xs, reverse):  # noqa: ANN001, ANN202
+def _no_member_limits(problem, weights, members, caps, xs, closure):  # noqa: ANN001, ANN202
     """_member_limits with no limit: deadlines from _needs alone, buckets of any size."""
     return np.full(len(xs), np.inf), np.full(len(xs), len(xs) - 1)
 
@@ -445,11 +445,11 @@ def test_capped_gathers_bound_never_exceeds_the_optimum(idx: int) -> None:
 def test_gather_caps_bind_somewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not vacuous: within the original peak, the caps on the buckets the first-run gathers may
     form raise the stream term's bound on several of these problems (5 of the 30 at this writing,
-    by 1.0-2.5 us), and never lower it by more than the stall grid's rounding."""
+    by 0.75-2.5 us), and never lower it by more than the stall grid's rounding."""
     with_caps = [makespan_lower_bound(p, default_budget(p)).makespan_ns for p in BUDGETED]
     real = stream_bound._member_limits
-    monkeypatch.setattr(stream_bound, "_member_limits", lambda problem, weights, members, caps, xs, reverse:
-                        real(problem, weights, members, {}, xs, reverse))
+    monkeypatch.setattr(stream_bound, "_member_limits", lambda problem, weights, members, caps, xs, closure:
+                        real(problem, weights, members, {}, xs, closure))
     without = [makespan_lower_bound(p, default_budget(p)).makespan_ns for p in BUDGETED]
     # the stall grid moves with the least stall that meets the capped deadlines: a few ns either way
     assert all(a >= b - 10 for a, b in zip(with_caps, without))
