@@ -28,6 +28,11 @@ before that slot nothing changed, so no wait stalls). A plan that would beat the
 lies a little over the budget (at the start of a backward, the loss gradient's temporaries meet
 the first prefetched gathers) is repaired (memory_repair.py: issues later, waits earlier).
 
+The annealing takes ``ANNEAL_SHARE`` of the plans (or the time); from the best plan within the
+budget it has found, an iterated local search takes the rest (plan_polish.py: kicks that drop or add
+a boundary, each followed by a descent), which leaves the annealing's basin where the annealing
+at its temperatures does not.
+
 The annealing starts from the **coarse plan** (:func:`coarse_plan`: each list cut into a few runs of
 equal bytes) that scores best, priced memory included, and falls back to the given schedule's plan
 if it has found nothing within the budget faster than the given schedule after ``COARSE_SHARE`` of
@@ -59,13 +64,14 @@ from .bucketing import BucketFeasibility, bucketable
 from .memory_repair import repair_memory
 from .overlap import original_peak
 from .placement import Placement, assemble
+from .plan_polish import Plan, Run, polish
 
 log = logging.getLogger(__name__)
 
-Run = tuple[int, int, int]  # (list, lo, hi): the collectives lists[list][lo:hi], issued as one bucket
-Plan = tuple[tuple[Run, ...], ...]  # per group (sorted by name): its runs in FIFO order
 
 DEFAULT_EVALS = 2000  # plans scored when neither max_evals nor a deadline is given
+# share of the plans (or the time) the annealing takes; the polish (plan_polish.py) takes the rest
+ANNEAL_SHARE = 0.5
 T_START, T_END = 0.003, 1e-4  # annealing temperature, as shares of the incumbent's makespan
 MAX_SHIFT = 4  # most collectives a boundary move carries across
 REPAIR_SIMULATIONS = 12  # simulator calls a memory repair of a plan over the budget may take
@@ -79,7 +85,7 @@ GIVE_UP_EVALS = 150
 # the 4-node backward, seed 8 found nothing in its first 150 plans (0.4 s) and gave up, and the 60 s
 # solve ended at 168,709.5 us; with 600 plans (no give-up) it reaches 162.9 ms, every seed of 0-11
 # 161.1-164.5
-GIVE_UP_SHARE = 0.5
+GIVE_UP_SHARE = 0.5  # of the annealing's share
 # a byte over the memory budget costs this share of the incumbent's makespan per byte of budget (1%
 # over costs 1.6% of the makespan): the search may cross plans over the budget on its way
 OVER_PRICE = 1.6
@@ -331,11 +337,12 @@ def plan_search(
     busy = inc.busy_ns_by_group()
     weights = [busy.get(g, 0) + 1.0 for g in frame.groups]
     scored: dict[Plan, tuple[float, int]] = {}  # (makespan, bytes over the budget)
+    best_plan: Plan | None = None  # the plan of best, once the search has found one
 
     def score(plan: Plan, price: float, bar: float = math.inf) -> float:
         """The plan's makespan plus ``price`` per byte over the budget; one whose second pass ran past
         ``bar`` returns that pass's makespan, unscored (the annealing rejects it all but surely)."""
-        nonlocal best
+        nonlocal best, best_plan
         if plan in scored:
             makespan, over = scored[plan]
             return makespan + price * over
@@ -354,7 +361,7 @@ def plan_search(
                 (sched, res), over = fixed, 0
         scored[plan] = (res.makespan_ns, over)
         if not over and (best is None or res.makespan_ns < best[0]):
-            best = (res.makespan_ns, sched)
+            best, best_plan = (res.makespan_ns, sched), plan
         return res.makespan_ns + price * over
 
     def found_nothing() -> bool:
@@ -373,20 +380,24 @@ def plan_search(
         plan, cur = start, score(start, price0)
     least = cur  # the least score the annealing has reached
     evals, tries = len(coarse_pieces), 0  # the coarse plans count as scored
-    while max_evals is None or evals < max_evals:
+    anneal_evals = None if max_evals is None else max(evals, round(ANNEAL_SHARE * max_evals))
+    anneal_until = None if deadline is None else t0 + ANNEAL_SHARE * (deadline - t0)
+    gave_up = False
+    while anneal_evals is None or evals < anneal_evals:
         now = time.perf_counter()
-        if deadline is not None and now >= deadline:
+        if anneal_until is not None and now >= anneal_until:
             break
         tries += 1
         if tries > 50 * (evals + 1) + 1000:  # no move applies any more
             break
-        if max_evals is not None:
-            share = evals / max_evals
+        if anneal_evals is not None:
+            share = evals / max(1, anneal_evals)
         else:
-            assert deadline is not None
-            share = min(1.0, (now - t0) / max(1e-9, deadline - t0))
+            assert anneal_until is not None
+            share = min(1.0, (now - t0) / max(1e-9, anneal_until - t0))
         if evals >= GIVE_UP_EVALS and share >= GIVE_UP_SHARE and found_nothing() and least >= given:
             log.info("plan_search %s: no plan beat the start in %d plans; giving up", problem.name, evals)
+            gave_up = True
             break
         if plan_from_coarse and share >= COARSE_SHARE and found_nothing():
             plan, cur, plan_from_coarse = given_plan, given, False  # the coarse start found nothing: back
@@ -403,6 +414,12 @@ def plan_search(
             log.debug("plan_search: %d plans, temperature %.0f ns, current %.0f, best %s", evals, temp, cur,
                       best and best[0])
     log.debug("plan_search: last plan %s %s", plan, scored.get(plan))
+    if best_plan is not None and not gave_up and not found_nothing() and (max_evals is None or evals < max_evals):
+        annealed = best[0] if best is not None else None
+        n = polish(frame.valid, best_plan, lambda p: score(p, price0), rng, weights,
+                   max_evals=None if max_evals is None else max_evals - evals, deadline=deadline)
+        log.debug("plan_search: polish scored %d plans: best %s ns (annealing %s)", n, best and best[0], annealed)
+        evals += n
     log.info("plan_search %s: %d plans in %.1f s; %s", problem.name, evals, time.perf_counter() - t0,
              "none within the budget" if best is None else f"best {best[0]} ns (from {inc.makespan_ns})")
     if best is None or found_nothing():
