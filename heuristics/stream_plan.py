@@ -415,10 +415,11 @@ def plan_search(
                       best and best[0])
     log.debug("plan_search: last plan %s %s", plan, scored.get(plan))
     if best_plan is not None and not gave_up and not found_nothing() and (max_evals is None or evals < max_evals):
-        annealed = best[0] if best is not None else None
+        assert best is not None  # found with best_plan
+        annealed = best[0]
         n = polish(frame.valid, best_plan, lambda p: score(p, price0), rng, weights,
                    max_evals=None if max_evals is None else max_evals - evals, deadline=deadline)
-        log.debug("plan_search: polish scored %d plans: best %s ns (annealing %s)", n, best and best[0], annealed)
+        log.debug("plan_search: polish scored %d plans: best %d ns (annealing %d)", n, best[0], annealed)
         evals += n
     log.info("plan_search %s: %d plans in %.1f s; %s", problem.name, evals, time.perf_counter() - t0,
              "none within the budget" if best is None else f"best {best[0]} ns (from {inc.makespan_ns})")

@@ -151,10 +151,10 @@ def _release_curve(closure: _Closure, weights: np.ndarray, sizes: np.ndarray, xs
     """Per byte count in ``xs``: a lower bound on the least compute of a closed set holding that
     many bytes of ``sizes``: the larger of the Lagrangian dual (module doc) and the sized ops' own
     closures (:meth:`_Closure.ordered_curve`). On the 4-node FSDP forward the latter raises the
-    bound from 65.78 to 66.70 ms. Refining the hull (module doc) takes 12 more cuts on the 4-node backward
-    (268 in all, from 256) and raises its bound from 152,450.1 to 152,569.6
-    us (1,024 spread multipliers give the same; 64 give 152,281.0: between spread points the
-    lines miss the hull's vertices)."""
+    bound from 65.78 to 66.70 ms. Refining the hull (module doc) takes 12 more cuts on the 4-node
+    backward (268 in all, from 256) and raises its bound from 152,450.1 to 152,569.6 us (1,024
+    spread multipliers give the same; 64 give 152,281.0: between spread points the lines miss
+    the hull's vertices)."""
     total, compute = int(sizes.sum()), int(weights.sum())
     if total <= 0 or compute <= 0:
         return np.zeros(len(xs))
@@ -179,8 +179,8 @@ def _release_curve(closure: _Closure, weights: np.ndarray, sizes: np.ndarray, xs
     smallest = int(sizes[sizes > 0].min())
     points = {pt for mu in np.geomspace(compute / total / MU_SPREAD, compute / smallest, MU_STEPS)
               if (pt := probe(mu)) is not None}
-    pending = sorted(points)
-    edges = list(zip(pending, pending[1:]))
+    found = sorted(points)
+    edges = list(zip(found, found[1:]))
     probes = 0
     while edges and probes < HULL_PROBES:
         (b1, c1), (b2, c2) = edges.pop()
