@@ -48,9 +48,14 @@ KICK_TRIES = 100  # random draws a kick may take to find one that applies
 STALE_ROUNDS = 100  # kicks in a row whose descents score no plan not seen before end the polish
 
 
-def _next_of_list(seq: Sequence[Run], i: int) -> int | None:
+def next_of_list(seq: Sequence[Run], i: int) -> int | None:
     """The index of the next run after ``i`` of the same list, or None."""
     return next((k for k in range(i + 1, len(seq)) if seq[k][0] == seq[i][0]), None)
+
+
+def _prev_of_list(seq: Sequence[Run], i: int) -> int | None:
+    """The index of the last run before ``i`` of the same list, or None."""
+    return next((k for k in range(i - 1, -1, -1) if seq[k][0] == seq[i][0]), None)
 
 
 def _with(plan: Plan, g: int, seq: list[Run]) -> Plan:
@@ -63,7 +68,7 @@ def _moves(plan: Plan) -> list[tuple[int, list[Run]]]:
     for g, runs in enumerate(plan):
         seq = list(runs)
         for i, (li, lo, hi) in enumerate(seq):
-            j = _next_of_list(seq, i)
+            j = next_of_list(seq, i)
             if j is None:
                 continue
             hj = seq[j][2]
@@ -72,7 +77,7 @@ def _moves(plan: Plan) -> list[tuple[int, list[Run]]]:
                     new = list(seq)
                     new[i], new[j] = (li, lo, hi + d), (li, hi + d, hj)
                     out.append((g, new))
-            k = _next_of_list(seq, j)
+            k = next_of_list(seq, j)
             if k is None:
                 continue
             hk = seq[k][2]
@@ -106,7 +111,7 @@ def _kick(valid: Callable[[Run], bool], plan: Plan, rng: random.Random, weights:
             c = rng.randrange(lo + 2, hi - 1)
             seq[i:i + 1] = [(li, lo, c), (li, c, hi)]
         else:
-            j = _next_of_list(seq, i)
+            j = next_of_list(seq, i)
             if j is None:
                 continue
             hj = seq[j][2]
@@ -114,8 +119,8 @@ def _kick(valid: Callable[[Run], bool], plan: Plan, rng: random.Random, weights:
             seq[keep] = (li, lo, hj)
             del seq[drop]
             m = keep if keep < drop else keep - 1  # the merged run's index
-            after = _next_of_list(seq, m)
-            before = next((k for k in range(m - 1, -1, -1) if seq[k][0] == li), None)
+            after = next_of_list(seq, m)
+            before = _prev_of_list(seq, m)
             sides = [(m, after)] * (after is not None) + [(before, m)] * (before is not None)
             if not sides:
                 continue

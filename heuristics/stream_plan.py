@@ -64,7 +64,7 @@ from .bucketing import BucketFeasibility, bucketable
 from .memory_repair import repair_memory
 from .overlap import original_peak
 from .placement import Placement, assemble
-from .plan_polish import Plan, Run, polish
+from .plan_polish import Plan, Run, next_of_list, polish
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ def _neighbour(frame: _Frame, plan: Plan, rng: random.Random, weights: Sequence[
         c = rng.randrange(lo + 1, hi)
         seq[i:i + 1] = [(li, lo, c), (li, c, hi)]
     else:
-        j = next((k for k in range(i + 1, len(seq)) if seq[k][0] == li), None)
+        j = next_of_list(seq, i)
         if j is None:
             return None
         hj = seq[j][2]
