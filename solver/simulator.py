@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -102,6 +103,41 @@ class SimResult:
     @property
     def n_hidden_hideable(self) -> int:
         return sum(c.hidden and c.hideable for c in self.collectives)
+
+    def stall_intervals(self) -> list[tuple[int, int]]:
+        """The compute stream's stalls as merged ``[from, to)`` clock intervals: each stalled
+        wait idles it from when it is reached until its collective ends."""
+        spans = sorted((c.wait_ns, c.wait_ns + c.exposed_ns) for c in self.collectives if c.exposed_ns > 0)
+        merged: list[tuple[int, int]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        return merged
+
+    @property
+    def n_overlapped_hideable(self) -> int:
+        """Hideable collectives that some compute ran beside: Inductor's "hidden" count (its
+        overlap scheduler counts a collective exposed only when no compute overlaps it at all,
+        while DESIGN.md's :attr:`CollectiveTiming.hidden` asks for a wait that does not stall).
+        A collective is fully exposed when the compute stream stalls for the whole of its run."""
+        stalls = self.stall_intervals()
+        starts = [a for a, _ in stalls]
+        n = 0
+        for c in self.collectives:
+            if not c.hideable:
+                continue
+            if c.end_ns <= c.start_ns:  # takes no time: overlapped iff it costs no stall
+                n += c.exposed_ns == 0
+                continue
+            covered = 0
+            for a, b in stalls[max(0, bisect.bisect_right(starts, c.start_ns) - 1):]:
+                if a >= c.end_ns:
+                    break
+                covered += max(0, min(b, c.end_ns) - max(a, c.start_ns))
+            n += covered < c.end_ns - c.start_ns
+        return n
 
 
 def simulate(problem: ScheduleProblem, schedule: Schedule | None = None, *, check: bool = True) -> SimResult:

@@ -137,6 +137,39 @@ def test_partially_hidden_collective_and_zero_ops_take_no_time() -> None:
     assert (r.makespan_ns, r.compute_ns, r.exposed_ns) == (45, 27, 18)
 
 
+def test_overlapped_counts_collectives_that_compute_ran_beside() -> None:
+    """Inductor's sense of hidden (not fully exposed) against DESIGN.md's (no stall), by hand.
+    Order a b c1 w1 d: c1 runs 30-45 while w1 stalls 30-45, so no compute runs beside it: neither.
+    Order a c1 b w1 d: c1 10-25 under b (10-30), no stall: both. The partial case of the test
+    above: c1 10-40, w1 stalls 22-40, b ran 10-22 beside it: overlapped, not hidden."""
+    assert (run(_issue_problem()).n_overlapped_hideable, run(_issue_problem()).n_hidden_hideable) == (0, 0)
+    r = run(_issue_problem(), ["a", "c1", "b", "w1", "d"])
+    assert (r.n_overlapped_hideable, r.n_hidden_hideable, r.stall_intervals()) == (1, 1, [])
+    p = make_problem([
+        compute("a", 10), zero("v", deps=["a"]), coll("c1", runtime_ns=30, deps=["v"]),
+        compute("b", 12), zero("v2", deps=["b"]), wait("w1", "c1"), compute("d", 5, deps=["w1", "v2"]),
+    ])
+    r = run(p)
+    assert (r.n_overlapped_hideable, r.n_hidden_hideable, r.stall_intervals()) == (1, 0, [(22, 40)])
+
+
+def test_hidden_collective_inside_another_stall_is_not_overlapped() -> None:
+    """a 0-10; c1 (A, 30) issued at 10: 10-40; b 10-15; c2 (B, 10) issued at 15: 15-25; w1 at 15
+    stalls until 40; w2 at 40 does not stall (c2 ended at 25), so c2 is hidden, but it ran wholly
+    inside w1's stall [15, 40): no compute beside it, fully exposed in Inductor's sense. c1 had b
+    beside it (10-15): overlapped, not hidden. d 40-45: makespan 45 = compute 20 + exposed 25."""
+    p = make_problem([
+        compute("a", 10), coll("c1", "A", runtime_ns=30, deps=["a"]), compute("b", 5),
+        coll("c2", "B", runtime_ns=10), wait("w1", "c1"), wait("w2", "c2"), compute("d", 5, deps=["w1", "w2"]),
+    ])
+    r = run(p)
+    assert (timing(r, "c2").start_ns, timing(r, "c2").end_ns, timing(r, "c2").exposed_ns) == (15, 25, 0)
+    assert timing(r, "c1").hideable and timing(r, "c2").hideable
+    assert r.stall_intervals() == [(15, 40)]
+    assert (r.makespan_ns, r.n_hidden_hideable, r.n_overlapped_hideable) == (45, 1, 1)
+    assert timing(r, "c2").hidden and not timing(r, "c1").hidden
+
+
 def _ag_bucket_problem() -> ScheduleProblem:
     return make_problem([
         compute("p", 50),
