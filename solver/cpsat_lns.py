@@ -144,14 +144,15 @@ def neighbourhood_solve(problem: ScheduleProblem, config: SolveConfig, budget: i
     for rnd in itertools.count():
         if rnd >= rounds:
             break
-        if stale:
-            # rebased only when a round follows: on a wall clock, a gain just before the deadline
-            # would otherwise spend a second past it building frames no round uses
+        rates = (paid_rate(paid[True]), paid_rate(paid[False]))
+        if not moves_on and stale:
+            # rebased only when a window round follows (moves work on any topological order): on a
+            # wall clock, a gain just before the deadline would otherwise spend a second past it
+            # building frames no round uses
             if deadline is not None and time.perf_counter() >= deadline:
                 break
             problem, full, replayer = _rebased(problem, best, config, budget, layers, replayer, deadline)
             stale = False
-        rates = (paid_rate(paid[True]), paid_rate(paid[False]))
         if moves_on:
             moved = _move_round(problem, config, budget, best, deadline)
             if moved is None:
