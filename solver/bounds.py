@@ -72,13 +72,16 @@ def exposed_lower_bound(problem: ScheduleProblem) -> ExposedBound:
 
 
 def forced_exposed(problem: ScheduleProblem) -> int:
-    """How many collectives are exposed in every schedule, bucketed or not, in any order.
+    """How many collectives (lone or bucketed units) are exposed in every schedule, in any order.
 
-    A hideable collective ``c`` whose least runtime (alone or in any bucket: the kind's curve
-    minorant at its own size) exceeds the compute independent of it is exposed wherever it runs:
-    a bucket holding it lasts as long, and the compute independent of the bucket is no more.
-    Two such collectives one of which depends on the other cannot share a bucket, so a longest
-    dependency chain among them is a count of distinct exposed units in every schedule.
+    Take a hideable collective ``c`` whose least runtime (alone or in any bucket: the kind's curve
+    minorant at its own size) exceeds the compute independent of it. Between its unit's issue and
+    wait the compute stream runs only compute independent of it (a bucket's is no more), and the
+    unit runs longer than that, so a wait in that window stalls: ``c``'s own, or one placed inside
+    the window (which may hide ``c``, being exposed itself). Two such collectives one of which
+    depends on the other cannot share a bucket, and their windows do not meet (the later one is
+    issued after the earlier one's wait), so a longest dependency chain among them counts
+    distinct stalled waits: distinct exposed units in every schedule.
     """
     weights = _weights(problem)
     total = int(weights.sum())

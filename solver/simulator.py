@@ -121,15 +121,13 @@ class SimResult:
         """Hideable collectives that some compute ran beside: Inductor's "hidden" count (its
         overlap scheduler counts a collective exposed only when no compute overlaps it at all,
         while DESIGN.md's :attr:`CollectiveTiming.hidden` asks for a wait that does not stall).
-        A collective is fully exposed when the compute stream stalls for the whole of its run."""
+        A collective is fully exposed when the compute stream stalls for the whole of its run (a
+        run that takes no time has nothing beside it)."""
         stalls = self.stall_intervals()
         starts = [a for a, _ in stalls]
         n = 0
         for c in self.collectives:
             if not c.hideable:
-                continue
-            if c.end_ns <= c.start_ns:  # takes no time: overlapped iff it costs no stall
-                n += c.exposed_ns == 0
                 continue
             covered = 0
             for a, b in stalls[max(0, bisect.bisect_right(starts, c.start_ns) - 1):]:

@@ -215,15 +215,15 @@ def test_hidden_target_is_waived_only_where_the_bounds_put_it_out_of_reach() -> 
 
     r = report(free, Schedule.original(free))
     assert r.global_bound_ns == 400
-    assert r.hidden_target(r.rows[1]) == ("hidden 0/2 hideable (0.0%; in Inductor's sense, not fully exposed: 0/2, 0.0%); "
-                                          "99% target FAILS")
+    assert r.hidden_target(r.rows[1]) == ("hidden 0/2 hideable (0.0%; in Inductor's sense, not fully exposed: 0/2, "
+                                          "0.0%); 99% target FAILS")
     r = report(free, overlap_schedule(free))
     assert r.hidden_target(r.rows[1]) == ("hidden 2/2 hideable (100.0%; in Inductor's sense, not fully exposed: 2/2, "
                                           "100.0%); 99% target HOLDS")
     r = report(forced, Schedule.original(forced))
     assert r.forced_exposed == 1
-    assert r.hidden_target(r.rows[1]) == ("hidden 0/1 hideable (0.0%; in Inductor's sense, not fully exposed: 0/1, 0.0%); "
-                                          "99% target not applicable "
+    assert r.hidden_target(r.rows[1]) == ("hidden 0/1 hideable (0.0%; in Inductor's sense, not fully exposed: 0/1, "
+                                          "0.0%); 99% target not applicable "
                                           "(the bounds prove 1 of the 1 hideable collectives exposed in every schedule)")
     r = report(queue, Schedule.original(queue))
     assert (r.forced_exposed, r.global_bound_ns) == (0, 7_000)
