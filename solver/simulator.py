@@ -129,11 +129,10 @@ class SimResult:
         for c in self.collectives:
             if not c.hideable:
                 continue
-            covered = 0
-            for a, b in stalls[max(0, bisect.bisect_right(starts, c.start_ns) - 1):]:
-                if a >= c.end_ns:
-                    break
-                covered += max(0, min(b, c.end_ns) - max(a, c.start_ns))
+            covered, k = 0, max(0, bisect.bisect_right(starts, c.start_ns) - 1)  # the last stall from before it
+            while k < len(stalls) and stalls[k][0] < c.end_ns:
+                covered += max(0, min(stalls[k][1], c.end_ns) - max(stalls[k][0], c.start_ns))
+                k += 1
             n += covered < c.end_ns - c.start_ns
         return n
 

@@ -186,7 +186,8 @@ def test_release_curve_never_exceeds_the_least_closed_set(seed: int) -> None:
             assert v <= min(w for held, w in least.items() if held >= x)
         for m, scale in ((1, 1), (3, 2), (1, 7)):  # the cut's set is closed and reaches its value
             val, held = _Closure(p, reverse).least(weights, sizes, m, scale)
-            assert all(closed[i] & ~int(sum(1 << k for k in np.flatnonzero(held))) == 0 for i in np.flatnonzero(held))
+            mask = sum(1 << int(k) for k in np.flatnonzero(held))
+            assert all(closed[i] & ~mask == 0 for i in np.flatnonzero(held))
             assert val == scale * int(weights[held].sum()) - m * int(sizes[held].sum())
             assert val == min(scale * w - m * b for b, w in least.items())
 
