@@ -184,6 +184,17 @@ class ProgressLine:
             self.dirty = False
 
 
+def _share(text: str) -> float:
+    """--hide-slack: a share of the makespan in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def _budget(value: str | None) -> int | float | None:
     """--memory-budget: a ratio of the original peak (e.g. 1.1) or bytes (an integer >= 1024)."""
     if value is None:
@@ -211,7 +222,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if fp is not None and not is_fingerprint(fp):
         raise CliError(f"--fingerprint {fp!r}: expected 64 lowercase hex digits")
     config = SolveConfig(mode=args.mode, workers=args.workers, seed=args.seed, deterministic=args.deterministic,
-                         memory_budget=args.memory_budget, processes=args.processes)
+                         memory_budget=args.memory_budget, processes=args.processes, hide_slack=args.hide_slack)
     base = simulate(problem)
     clock = "deterministic time units" if args.deterministic else "s wall clock"
     print(f"solving {problem.name}: {len(problem.ops)} ops, {len(problem.collectives)} collectives; original "
@@ -354,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed heavy-compute order (default) or any topological order")
     p.add_argument("--memory-budget", type=_budget, default=None,
                    help="peak-memory budget: ratio of the original peak (e.g. 1.1) or bytes (default: 1.0)")
+    p.add_argument("--hide-slack", type=_share, default=0.0,
+                   help="share the makespan may grow by to hide more collectives in the final polish, e.g. 0.01 "
+                        "(default: %(default)s, never longer)")
     p.add_argument("-o", "--output", default=None, help="schedule file to write")
     p.add_argument("--cache-dir", default=None, help="install the schedule into this cache under the problem's fingerprint")
     p.add_argument("--fingerprint", default=None, help="cache key to use instead of the one the problem file records")

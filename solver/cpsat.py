@@ -33,6 +33,7 @@ from collections.abc import Callable
 from ortools.sat.python import cp_model
 
 from ..heuristics.concentrate import concentrate_stalls
+from ..heuristics.hide import hide_collectives
 from .bounds import makespan_lower_bound
 from .cpsat_config import (
     Progress,
@@ -58,7 +59,8 @@ from .warm_start import (DEFER_MOVES_PER_S, bucket_tries, critical_builds, far_e
                          size_scale, stream_bound, warm_start, warm_start_share)
 
 log = logging.getLogger(__name__)
-POLISH_SHARE = 0.02  # of a wall-clock budget, kept for the final polish (about a second of a 60 s solve)
+POLISH_SHARE = 0.04  # of a wall-clock budget, kept for the final polish (about 2.4 s of a 60 s solve)
+HIDE_EVALS = 8000  # candidates the final count-first search scores (fewer on larger graphs: size_scale)
 
 def solve(
     problem: ScheduleProblem,
@@ -73,23 +75,32 @@ def solve(
     The answer's runs of stalled waits are then reordered so that fewer collectives show the
     same stall, and compute is pulled into small stalls left by a search stopped on time
     (:func:`..heuristics.concentrate.concentrate_stalls`; makespan and peak no worse, the
-    objective updated when the makespan drops; ``model_objective`` stays CP-SAT's own), with
-    fewer tries on larger graphs and, on a wall clock, in the last 2% of the budget.
+    objective updated when the makespan drops; ``model_objective`` stays CP-SAT's own); last,
+    more collectives are hidden by single moves ranked by that count first
+    (:func:`..heuristics.hide.hide_collectives`; peak no higher, makespan at most
+    ``config.hide_slack`` above the answer's; a longer one is no longer proven optimal). Both take
+    fewer tries on larger graphs and, on a wall clock, the last 4% of the budget.
     """
     t0 = time.perf_counter()
-    # on a wall clock the search leaves the last 2% of the budget to the polish
+    # on a wall clock the search leaves the last 4% of the budget to the polish
     search_s = time_budget_s if config.deterministic or not config.polish else (1 - POLISH_SHARE) * time_budget_s
     res = _solve(problem, search_s, config, hint, progress, t0)
     if res.status is Status.INFEASIBLE or not config.polish:
         return res
     tries = max(4, int(64 * size_scale(problem)))
     deadline = None if config.deterministic else t0 + time_budget_s
-    sched = concentrate_stalls(problem, res.schedule, max_tries=tries, deadline=deadline,
-                               keep_heavy_order=config.mode == "fixed")
+    fixed = config.mode == "fixed"
+    sched = concentrate_stalls(problem, res.schedule, max_tries=tries, deadline=deadline, keep_heavy_order=fixed)
+    answer = simulate(problem, sched).makespan_ns
+    sched = hide_collectives(problem, sched, max_makespan_ns=int(answer * (1 + config.hide_slack)),
+                             max_evals=max(64, int(HIDE_EVALS * size_scale(problem))), deadline=deadline,
+                             keep_compute_order=fixed)
     if sched is res.schedule:
         return dataclasses.replace(res, runtime=time.perf_counter() - t0)
-    r = simulate(problem, sched)  # the makespan may have dropped (compute pulled into stalls)
+    r = simulate(problem, sched)  # the makespan may have dropped (compute pulled into stalls), or grown by the slack
     status, lower = res.status, res.lower_bound
+    if r.makespan_ns > res.objective:  # traded for hidden collectives: no longer what the search proved
+        status = Status.FEASIBLE
     if r.makespan_ns < lower:  # outside the modelled space (light compute moved in fixed mode): only
         # the structural bound holds for it
         floor = makespan_lower_bound(problem, resolve_budget(problem, config.memory_budget)).makespan_ns

@@ -66,6 +66,9 @@ class SolveConfig:
     deterministic_rate: float = 0.25  # deterministic time units per second of budget (see module doc)
     minimize_peak: bool = True  # second phase: lowest peak at the best makespan
     polish: bool = True  # stalls concentrated, compute pulled into them (concentrate.py): warm start, gains, answer
+    # final polish: more collectives hidden (hide.py) at a makespan at most this share above the answer's
+    # (0: never longer); a positive slack trades makespan for collectives whose runtime has slack
+    hide_slack: float = 0.0
     peak_phase_fraction: float = 0.2
     max_order_literals: int = 40_000  # above this, neighbourhood rounds around the incumbent
     lns_rounds: int = 8  # deterministic mode: neighbourhood rounds on large graphs (each a window)
@@ -86,6 +89,8 @@ class SolveConfig:
             raise ValueError("SolveConfig.processes must be >= 1")
         if self.deterministic_rate <= 0:
             raise ValueError("SolveConfig.deterministic_rate must be > 0")
+        if isinstance(self.hide_slack, bool) or not 0.0 <= self.hide_slack <= 1.0:
+            raise ValueError(f"SolveConfig.hide_slack must be a share in [0, 1], got {self.hide_slack!r}")
         b = self.memory_budget
         if b is not None and (isinstance(b, bool) or b <= 0):
             raise ValueError(f"SolveConfig.memory_budget must be > 0 bytes or a ratio > 0, got {b!r}")

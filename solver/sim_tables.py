@@ -88,6 +88,7 @@ class UnitTable:
         # per unit, as lists: copy-in, copy-out, runtime and group number (the makespan-only walk)
         self.walk = ([u.copy_in_ns for u in units], [u.copy_out_ns for u in units], [u.runtime_ns for u in units],
                      [group_of[u.group] for u in units])
+        self.hideable = [u.hideable for u in units]
 
     def positions(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per unit, its issue position (its last member's) and wait position (its first member's

@@ -177,6 +177,25 @@ def makespan_at(problem: ScheduleProblem, at: np.ndarray, buckets: tuple[tuple[s
     return _makespan(problem, _Placed(problem, buckets=buckets, at=at))
 
 
+def makespan_hidden_at(problem: ScheduleProblem, at: np.ndarray,
+                       buckets: tuple[tuple[str, ...], ...]) -> tuple[int, int]:
+    """:func:`makespan_at` and the number of hidden hideable issued collectives (a lone collective or
+    a bucket each, as :attr:`SimResult.n_hidden_hideable` counts them) from the same walk, without
+    the memory curve or the timings: what a search that ranks candidates by that count needs
+    (heuristics/hide.py)."""
+    placed = _Placed(problem, buckets=buckets, at=at)
+    if problem.link_contention:
+        timings, makespan, _, _ = _timeline(problem, placed)
+        return makespan, sum(t.hidden and t.hideable for t in timings)
+    return _walk(problem, placed)
+
+
+def peak_at(problem: ScheduleProblem, at: np.ndarray, buckets: tuple[tuple[str, ...], ...]) -> int:
+    """:func:`simulate`'s peak memory of the valid schedule with op ``at[p]`` at each position ``p``."""
+    initial, curve = _memory(problem, _Placed(problem, buckets=buckets, at=at))
+    return max(initial, max(curve, default=initial))
+
+
 def position_clocks(problem: ScheduleProblem, schedule: Schedule) -> list[int]:
     """The compute-stream clock right after each position of a valid ``schedule`` (a wait's
     stall and copy-out included): the times a model hinted with ``schedule`` should take."""
@@ -296,13 +315,20 @@ def _makespan(problem: ScheduleProblem, placed: _Placed) -> int:
     need every running collective: that case takes the full walk."""
     if problem.link_contention:
         return _timeline(problem, placed, timings=False)[1]
+    return _walk(problem, placed)[0]
+
+
+def _walk(problem: ScheduleProblem, placed: _Placed) -> tuple[int, int]:
+    """(makespan, hidden hideable units) of :func:`_makespan`'s walk (no link contention)."""
     ran = np.cumsum(placed.tables.runtime[placed.at])
     total = int(ran[-1]) if len(ran) else 0
     count = len(placed.units.units)
     positions = np.concatenate([placed.issue, placed.wait])
     walk = np.argsort(positions, kind="stable")
     copy_in, copy_out, runtime, group = placed.units.walk
+    hideable = placed.units.hideable
     free, ends = [0] * placed.units.n_groups, [0] * count
+    hidden = 0
     offset = 0  # copies and stalls so far
     for e, base in zip(walk.tolist(), ran[positions[walk]].tolist()):
         if e < count:  # an issue: its copy-in, then it starts once its group's stream is free
@@ -315,8 +341,10 @@ def _makespan(problem: ScheduleProblem, placed: _Placed) -> int:
             stall = ends[e] - base - offset
             if stall > 0:
                 offset += stall
+            elif hideable[e]:
+                hidden += 1
             offset += copy_out[e]
-    return total + offset
+    return total + offset, hidden
 
 
 def _memory(problem: ScheduleProblem, placed: _Placed) -> tuple[int, list[int]]:

@@ -217,3 +217,11 @@ def test_progress_line_tty_and_plain():
 def test_cli_verbosity_counts() -> None:
     """``-v`` asks for INFO, ``-vv`` for DEBUG (each warm-start step's makespan)."""
     assert [build_parser().parse_args([*v, "simulate", "p.json"]).verbose for v in ([], ["-v"], ["-vv"])] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("value", ["-0.1", "2", "a lot"])
+def test_solve_hide_slack_must_be_a_share(exported, tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["solve", str(exported), "--hide-slack", value, "-o", str(tmp_path / "s.json")])
+    assert exc.value.code == 2
+    assert "--hide-slack" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import random
 from fxsched.solver import CollectiveKind, Schedule, check_schedule, simulate
 from fxsched.solver.sim_tables import sim_tables
 import numpy as np
-from fxsched.solver.simulator import makespan_at, makespan_ns, memory_curve, timed_clocks
+from fxsched.solver.simulator import makespan_at, makespan_hidden_at, makespan_ns, memory_curve, peak_at, timed_clocks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +48,11 @@ def test_simulate_matches_the_op_by_op_walk(case) -> None:  # noqa: ANN001
     assert r.peak_memory_bytes == max([initial, *curve])
     assert timed_clocks(p, s) == (timings, clocks)
     assert makespan_ns(p, s) == makespan
-    assert makespan_at(p, np.array([p.index[n] for n in s.order]), s.buckets) == makespan
+    at = np.array([p.index[n] for n in s.order])
+    assert makespan_at(p, at, s.buckets) == makespan
+    hidden = sum(t.exposed_ns == 0 and t.hideable for t in timings)
+    assert makespan_hidden_at(p, at, s.buckets) == (makespan, hidden) == (makespan, r.n_hidden_hideable)
+    assert peak_at(p, at, s.buckets) == max([initial, *curve])
     assert memory_curve(p, s) == (initial, curve)
 
 
