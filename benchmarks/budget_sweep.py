@@ -23,7 +23,7 @@ from ..solver.cpsat import SolveConfig, solve
 from ..solver.problem import ScheduleProblem
 from ..solver.simulator import SimResult
 from .sections import emit, source_revision
-from .zoo import ZOO, build
+from .zoo import ZOO, problems
 
 BEGIN, END = "<!-- budget:begin -->", "<!-- budget:end -->"
 
@@ -86,11 +86,8 @@ def run(names: list[str], parts: list[str], ratios: list[float], time_limit_s: f
            "table here; Inductor's overlap scheduler allows itself 1.05x or +1 GiB). `bound`: what `solve` "
            "reports, never below the bound over every schedule within that budget. Times in us of simulated "
            "H100 time.", ""]
-    for name in names:
-        zg = build(name)
-        for part in parts:
-            p = zg.extract(part).problem
-            out += table(p, sweep(p, ratios, time_limit_s, workers, wall_clock, processes=processes))
+    for p in problems(names, parts):
+        out += table(p, sweep(p, ratios, time_limit_s, workers, wall_clock, processes=processes))
     out.append(END)
     return "\n".join(out)
 

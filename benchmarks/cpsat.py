@@ -17,7 +17,7 @@ from ..heuristics import HEURISTICS
 from ..solver import simulate
 from ..solver.cpsat import SolveConfig, solve
 from .sections import emit
-from .zoo import ZOO, build
+from .zoo import ZOO, problems
 
 BEGIN, END = "<!-- cpsat:begin -->", "<!-- cpsat:end -->"
 ROW_HEURISTICS = ("overlap", "bucket+overlap")
@@ -40,25 +40,22 @@ def run(names: list[str], budgets: list[float], workers: int, modes: list[str], 
            "`fixed` keeps the heavy-compute order (the default), `free` may reorder it (at scale: the "
            "warm start defers independent compute past exposed collectives, then fixed-order search "
            "around that order). Wall times are on a shared 2-core machine.", ""]
-    for name in names:
-        zg = build(name)
-        for part in ("forward", "backward"):
-            p = zg.extract(part).problem
-            orig = simulate(p)
-            out += [f"### {p.name}", "", "| scheduler | exposed | makespan | peak vs orig | collectives | "
-                    "bound / gap / status / method / wall s |", "|---|---|---|---|---|---|"]
-            out.append(_row("original", orig, orig))
-            for h in ROW_HEURISTICS:
-                t0 = time.perf_counter()
-                s = HEURISTICS[h](p)
-                out.append(_row(h, simulate(p, s), orig, f"wall {time.perf_counter() - t0:.2f}"))
-            for b, mode in ((b, m) for b in budgets for m in modes):
-                t0 = time.perf_counter()
-                r = solve(p, b, SolveConfig(workers=workers, mode=mode, deterministic=not wall_clock))
-                wall = time.perf_counter() - t0
-                out.append(_row(f"cpsat {mode} {b:g}s", simulate(p, r.schedule), orig,
-                                f"{r.lower_bound / 1e3:,.1f} / {r.gap:.2%} / {r.status.value} / {r.method} / {wall:.1f}"))
-            out.append("")
+    for p in problems(names, ("forward", "backward")):
+        orig = simulate(p)
+        out += [f"### {p.name}", "", "| scheduler | exposed | makespan | peak vs orig | collectives | "
+                "bound / gap / status / method / wall s |", "|---|---|---|---|---|---|"]
+        out.append(_row("original", orig, orig))
+        for h in ROW_HEURISTICS:
+            t0 = time.perf_counter()
+            s = HEURISTICS[h](p)
+            out.append(_row(h, simulate(p, s), orig, f"wall {time.perf_counter() - t0:.2f}"))
+        for b, mode in ((b, m) for b in budgets for m in modes):
+            t0 = time.perf_counter()
+            r = solve(p, b, SolveConfig(workers=workers, mode=mode, deterministic=not wall_clock))
+            wall = time.perf_counter() - t0
+            out.append(_row(f"cpsat {mode} {b:g}s", simulate(p, r.schedule), orig,
+                            f"{r.lower_bound / 1e3:,.1f} / {r.gap:.2%} / {r.status.value} / {r.method} / {wall:.1f}"))
+        out.append("")
     out.append(END)
     return "\n".join(out)
 

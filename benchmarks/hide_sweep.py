@@ -25,7 +25,7 @@ from ..solver.cpsat import SolveConfig, solve
 from ..solver.problem import ScheduleProblem
 from ..solver.simulator import SimResult
 from .sections import emit, source_revision
-from .zoo import ZOO, build
+from .zoo import ZOO, problems
 
 BEGIN, END = "<!-- hide:begin -->", "<!-- hide:end -->"
 TARGET = 0.99  # the share of hideable collectives hidden
@@ -79,13 +79,9 @@ def run(names: list[str], parts: list[str], slacks: list[float], time_limit_s: f
            "to grow by each slack (`slack`: a share of the answer's makespan) and the peak held to the "
            "answer's. `hidden`: waits that never stall (DESIGN.md); `not fully exposed`: Inductor's count. "
            "Times in us of simulated H100 time.", ""]
-    for name in names:
-        zg = build(name)
-        for part in parts:
-            p = zg.extract(part).problem
-            res = solve(p, time_limit_s, SolveConfig(mode="free", workers=workers, processes=processes,
-                                                     deterministic=False))
-            out += table(p, sweep(p, res.schedule, slacks))
+    for p in problems(names, parts):
+        config = SolveConfig(mode="free", workers=workers, processes=processes, deterministic=False)
+        out += table(p, sweep(p, solve(p, time_limit_s, config).schedule, slacks))
     out.append(END)
     return "\n".join(out)
 

@@ -38,7 +38,7 @@ from itertools import chain
 
 import numpy as np
 
-from ..solver.problem import OpKind, ScheduleProblem
+from ..solver.problem import OpKind, ScheduleProblem, bit_mask
 from ..solver.schedule import Schedule
 from ..solver.simulator import CollectiveTiming, SimResult, makespan_hidden_at, peak_at, simulate
 from .reorder import Deferrals, named
@@ -93,9 +93,8 @@ class _Moves:
             j = int(at[q])
             if self.runtime[j] <= 0 or anc >> j & 1:
                 continue
-            bits = p.descendants[j] | (1 << j)
             seg = at[q:i]
-            moved = np.array([bits >> k & 1 for k in seg.tolist()], dtype=bool)
+            moved = bit_mask(p.descendants[j] | (1 << j), len(p.ops))[seg]
             if int(self.runtime[seg[moved]].sum()) < t.exposed_ns:
                 continue
             if self.keep and self.compute[seg[~moved]].any():

@@ -10,7 +10,7 @@ group of its config alive (group names in the graphs resolve through c10d);
 
 from .config import PARALLELISMS, GroupInfo, ZooConfig, ZooGraph
 from .llama import ParamSpec, param_specs
-from .registry import ZOO, build
+from .registry import ZOO, build, problems
 from .tracing import COLLECTIVE_OPS, activate_groups, build_graphs, release_process_group
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "build",
     "build_graphs",
     "param_specs",
+    "problems",
     "release_process_group",
 ]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable, Iterator
 
+from ...solver.problem import ScheduleProblem
 from .config import ZooConfig, ZooGraph
 from .tracing import build_graphs
 
@@ -60,3 +62,12 @@ def build(name: str, layers: int | None = None) -> ZooGraph:
         cfg = dataclasses.replace(cfg, layers=layers)
         graph_name = f"{name}_L{layers}"
     return build_graphs(cfg, name=graph_name)
+
+
+def problems(names: Iterable[str], parts: Iterable[str]) -> Iterator[ScheduleProblem]:
+    """The extracted problem of each part of each zoo graph named, graph by graph (each traced once)."""
+    parts = tuple(parts)
+    for name in names:
+        zg = build(name)
+        for part in parts:
+            yield zg.extract(part).problem
