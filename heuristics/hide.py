@@ -40,6 +40,7 @@ import numpy as np
 
 from ..solver.problem import OpKind, ScheduleProblem, bit_mask
 from ..solver.schedule import Schedule
+from ..solver.sim_tables import sim_tables
 from ..solver.simulator import CollectiveTiming, SimResult, makespan_hidden_at, peak_at, simulate
 from .reorder import Deferrals, named
 
@@ -55,13 +56,12 @@ def _spent(evals: int, max_evals: int | None, deadline: float | None) -> bool:
 class _Moves:
     """The candidate orders (op index per position) of one schedule's stalled units."""
 
-    def __init__(self, problem: ScheduleProblem, sched: Schedule, reach: int, keep_compute_order: bool):
-        self.problem, self.reach, self.keep = problem, reach, keep_compute_order
-        self.compute = np.array([op.kind is OpKind.COMPUTE for op in problem.ops], dtype=bool)
+    def __init__(self, problem: ScheduleProblem, sched: Schedule, reach: int, compute: np.ndarray | None):
+        """``compute``: the compute-op mask when no compute op may pass another (fixed mode), else None."""
+        self.problem, self.reach, self.compute = problem, reach, compute
         self.defer = Deferrals(problem, sched)
         self.at, self.pos = self.defer.at, self.defer.pos
-        self.runtime = np.array([op.runtime_ns if op.kind is OpKind.COMPUTE else 0 for op in problem.ops],
-                                dtype=np.int64)
+        self.runtime = sim_tables(problem).runtime  # compute-stream time per op (0 for views, issues, waits)
 
     def of(self, t: CollectiveTiming) -> Iterator[np.ndarray]:
         p = self.problem
@@ -77,11 +77,11 @@ class _Moves:
         at, w, p = self.at, t.wait_pos, self.problem
         for q in range(w + 1, min(len(at), w + 1 + self.reach)):
             j = int(at[q])
-            if self.runtime[j] < max(1, t.exposed_ns) or rel >> j & 1:
+            if self.runtime[j] < t.exposed_ns or rel >> j & 1:
                 continue
             if any(self.pos[p.index[d]] >= w for d in p.ops[j].deps):
                 continue
-            if self.keep and self.compute[at[w:q]].any():
+            if self.compute is not None and self.compute[at[w:q]].any():
                 continue
             yield np.concatenate((at[:w], at[q:q + 1], at[w:q], at[q + 1:]))
 
@@ -97,7 +97,7 @@ class _Moves:
             moved = bit_mask(p.descendants[j] | (1 << j), len(p.ops))[seg]
             if int(self.runtime[seg[moved]].sum()) < t.exposed_ns:
                 continue
-            if self.keep and self.compute[seg[~moved]].any():
+            if self.compute is not None and self.compute[seg[~moved]].any():
                 continue
             new = self.defer.valid_order(i, {p.ops[j].name})
             if new is not None:
@@ -132,10 +132,11 @@ def hide_collectives(problem: ScheduleProblem, schedule: Schedule, *, max_makesp
     cap = res.makespan_ns if max_makespan_ns is None else max_makespan_ns
     peak = res.peak_memory_bytes if budget_bytes is None else budget_bytes
     best, evals, start = schedule, 0, res.n_hidden_hideable
+    compute = np.array([op.kind is OpKind.COMPUTE for op in problem.ops], dtype=bool) if keep_compute_order else None
     while not _spent(evals, max_evals, deadline):
         current = (res.n_hidden_hideable, -res.makespan_ns)
         found: tuple[tuple[int, int], np.ndarray] | None = None
-        moves = _Moves(problem, best, reach, keep_compute_order)
+        moves = _Moves(problem, best, reach, compute)
         for t in sorted((t for t in res.collectives if t.exposed_ns > 0 and t.hideable), key=lambda t: t.exposed_ns):
             for at in moves.of(t):
                 if _spent(evals, max_evals, deadline):

@@ -91,8 +91,8 @@ def solve(
     deadline = None if config.deterministic else t0 + time_budget_s
     fixed = config.mode == "fixed"
     sched = concentrate_stalls(problem, res.schedule, max_tries=tries, deadline=deadline, keep_heavy_order=fixed)
-    answer = simulate(problem, sched).makespan_ns
-    sched = hide_collectives(problem, sched, max_makespan_ns=int(answer * (1 + config.hide_slack)),
+    cap = int(simulate(problem, sched).makespan_ns * (1 + config.hide_slack)) if config.hide_slack else None
+    sched = hide_collectives(problem, sched, max_makespan_ns=cap,  # None: the answer's own makespan
                              max_evals=max(64, int(HIDE_EVALS * size_scale(problem))), deadline=deadline,
                              keep_compute_order=fixed)
     if sched is res.schedule:
