@@ -104,6 +104,18 @@ class SimResult:
     def n_hidden_hideable(self) -> int:
         return sum(c.hidden and c.hideable for c in self.collectives)
 
+    @property
+    def n_hideable_members(self) -> int:
+        """:attr:`n_hideable` with each bucket counted as its members: the graph's collectives that
+        sit in hideable units (a bucket is one collective to the execution model, but it carries
+        several of the graph's, and a stalled bucket leaves every one of them waited on)."""
+        return sum(len(c.members) for c in self.collectives if c.hideable)
+
+    @property
+    def n_hidden_hideable_members(self) -> int:
+        """:attr:`n_hidden_hideable` with each bucket counted as its members (:attr:`n_hideable_members`)."""
+        return sum(len(c.members) for c in self.collectives if c.hidden and c.hideable)
+
     def stall_intervals(self) -> list[tuple[int, int]]:
         """The compute stream's stalls as merged ``[from, to)`` clock intervals: each stalled
         wait idles it from when it is reached until its collective ends."""

@@ -231,6 +231,38 @@ def test_hidden_target_is_waived_only_where_the_bounds_put_it_out_of_reach() -> 
                                           "0.0%); 99% target FAILS")
 
 
+def test_hidden_target_counts_a_stalled_buckets_members_too() -> None:
+    """Hand-derived. 102 gathers of 200 B on group A (5020 ns each alone, curve 5000 ns + 0.1 ns/B)
+    and x (6000 ns) independent of them all. The order issues c0..c99 alone, then the bucket
+    (c100, c101), waits the bucket at once (it queues behind the 100 lone ones: a stall), runs x,
+    then waits c0..c99 (ended before the bucket: hidden). Units: 100 of 101 hidden, 99.0%, which
+    alone would pass; the graph's collectives: 100 of 102, 98.0%, so the target FAILS. The bound
+    proves one collective exposed (every schedule takes more than x: one bucket of all 102 takes
+    5000 + 0.1 * 20,400 ns), and 101 of 102 hidden is still allowed: not waived. In Inductor's
+    sense only c0 was overlapped: the lone ones run while the compute stream stalls, except for
+    the bucket's 1 ns copy-in (copy_ns(200 B) at 100,000 GB/s), which runs during c0."""
+    from fxsched.solver.bounds import forced_exposed, makespan_lower_bound
+
+    from tests.solver.solver_builders import coll, compute, curves_for, make_problem, wait
+
+    n = 102
+    p = make_problem([op for k in range(n) for op in (
+        coll(f"c{k}", runtime_ns=5_020, bytes_in=100, bytes_out=100), wait(f"w{k}", f"c{k}"))]
+        + [compute("x", 6000, heavy=True)], groups=("A",))
+    p = dataclasses.replace(p, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))),
+                            bucket_costs=BucketCosts(memory_bandwidth_gbps=100_000.0, launch_overhead_ns=0))
+    order = ([f"c{k}" for k in range(n)] + ["w100", "w101", "x"] + [f"w{k}" for k in range(100)])
+    res = simulate(p, Schedule(tuple(order), (("c100", "c101"),)))
+    assert (res.n_hidden_hideable, res.n_hideable, res.n_hidden_hideable_members, res.n_hideable_members) == (
+        100, 101, 100, 102)
+    rows = [compare.Row("original order", simulate(p), 0.0), compare.Row("cpsat", res, 0.0)]
+    r = compare.PartReport(p, rows, makespan_lower_bound(p).makespan_ns, [], forced_exposed=forced_exposed(p))
+    assert r.global_bound_ns > 6000 and r.forced_exposed == 0
+    assert r.hidden_target(r.rows[1]) == (
+        "hidden 100/101 hideable (99.0%; in Inductor's sense, not fully exposed: 1/101, 1.0%); counting "
+        "each bucket's members: 100/102 (98.0%); 99% target FAILS")
+
+
 def test_per_collective_table_lists_the_exposed_by_what_limits_them() -> None:
     """Hand-derived. c1 (300 ns) feeds x (200); c2 (100 ns) is independent of x and y (200 each).
     In the original order each is issued and waited at once: exposed 300 and 100 ns. Waiting on
