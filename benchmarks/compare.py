@@ -12,7 +12,9 @@ an fxsched schedule (``inductor_adapter`` says how, and which torch functions it
 Columns (DESIGN.md "What good means"): exposed comm time, makespan, hidden/hideable
 collectives (hidden: its wait does not stall), the same counts in Inductor's sense
 (``overlapped``: some compute ran beside it, :attr:`.SimResult.n_overlapped_hideable`; the 99%
-target is checked on the stricter count), collectives after bucketing, peak memory (absolute and vs the original order),
+target is checked on the stricter count, per issued unit and, where the row buckets, per graph
+collective too: :meth:`PartReport.hidden_target`), collectives after bucketing, peak memory
+(absolute and vs the original order),
 solve time (the scheduler's own wall time on this machine), a lower bound on the makespan and
 the gap to it, how the row was scored, and for Inductor rows its own estimate (exposed time and
 hidden/hideable counts as it logs them). Under each table, DESIGN.md's per-collective table of
