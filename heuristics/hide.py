@@ -10,16 +10,29 @@ kept only while the makespan stays within ``max_makespan_ns`` (by default the in
 longer) and the peak memory within ``budget_bytes`` (by default the input's: never higher). A
 larger makespan cap trades makespan for hidden collectives on purpose (``SolveConfig.hide_slack``).
 
-Three moves per stalled lone collective or bucket, each valid by construction (in the fixed mode
+Five moves per stalled lone collective or bucket, each valid by construction (in the fixed mode
 no compute op passes another, so the answer stays in the fixed mode's space: only waits, issues
 and the ops a collective's chain carries move relative to the compute):
 
 * **pull**: a compute op after the wait (within ``reach`` positions) that does not depend on the
   unit and whose inputs all exist before the wait moves to just before it (into the window);
+* **gathered pull**: where no single op lasts the stall, the first ops after the wait that do not
+  depend on the unit and need nothing that stays behind, in their order, until they last it
+  together (the start of a comm-bound backward: its first gathers stall for milliseconds while
+  microsecond ops that need none of them wait behind);
 * **defer**: a compute op before the issue (within ``reach``) that is no ancestor of the unit
   moves to just after the issue, with every op between them that depends on it
   (:class:`.reorder.Deferrals`: its cast and its own collective go with it);
-* **sink**: the wait of a lone collective moves later, never past its first user.
+* **sink**: the wait of a lone collective moves later, never past its first user;
+* **merge**: the wait of a later stalled unit that is already issued moves to just before this
+  one's wait, which then finds its collective done. Where no compute runs between the two waits
+  (two reduce-scatters waited back to back at the end of a backward) the compute stream idles
+  until the later one ends either way, so the makespan stays and one stall goes: the waits of
+  one idle stretch belong together, the one that ends last first (on one group, the one issued
+  last: FIFO ends them in issue order). :func:`.concentrate.reordered_runs` does this for runs
+  of waits and zero-cost ops before this search; a merge also crosses a bucket's issue, and
+  where compute runs between, that compute now runs after the longer stall, which only a
+  makespan cap above the answer's admits.
 
 A pull or a deferral that moves less compute than the stall cannot close it alone, so only
 those that move at least the stall are tried. Each round keeps the best move found over every
@@ -27,6 +40,8 @@ stalled unit, least exposed first; the search stops when no move gains, after ``
 candidates, or at ``deadline``. Candidates are ranked by :func:`..solver.simulator.makespan_hidden_at`
 and the memory of the best checked (:func:`..solver.simulator.peak_at`). On the tp_2x4
 backward's 60 s answer (176 of 198 hidden, 31,195.2 us) it hid 9 more and ended 2.6 us shorter.
+On a 60 s answer of the 4-node FSDP backward (5 of 9 units hidden, 160,588.2 us) a merge and a
+gathered pull hid 2 more units (54 to 115 of its 149 collectives) at the same makespan and peak.
 """
 
 from __future__ import annotations
@@ -47,6 +62,7 @@ from .reorder import Deferrals, named
 log = logging.getLogger(__name__)
 
 SINK_STEPS = (2, 5, 10, 20, 50, 100, 200, 400)  # positions a wait may move later
+_MOVABLE = (OpKind.COMPUTE, OpKind.ZERO)  # what a gathered pull moves (collectives and waits stay)
 
 
 def _spent(evals: int, max_evals: int | None, deadline: float | None) -> bool:
@@ -56,9 +72,12 @@ def _spent(evals: int, max_evals: int | None, deadline: float | None) -> bool:
 class _Moves:
     """The candidate orders (op index per position) of one schedule's stalled units."""
 
-    def __init__(self, problem: ScheduleProblem, sched: Schedule, reach: int, compute: np.ndarray | None):
-        """``compute``: the compute-op mask when no compute op may pass another (fixed mode), else None."""
+    def __init__(self, problem: ScheduleProblem, sched: Schedule, res: SimResult, reach: int,
+                 compute: np.ndarray | None):
+        """``res``: ``sched`` simulated; ``compute``: the compute-op mask when no compute op may pass
+        another (fixed mode), else None."""
         self.problem, self.reach, self.compute = problem, reach, compute
+        self.stalled = [(c.issue_pos, c.wait_pos) for c in res.collectives if c.exposed_ns > 0]
         self.defer = Deferrals(problem, sched)
         self.at, self.pos = self.defer.at, self.defer.pos
         self.runtime = sim_tables(problem).runtime  # compute-stream time per op (0 for views, issues, waits)
@@ -70,7 +89,19 @@ class _Moves:
             i = p.index[m]
             anc |= p.ancestors[i]
             rel |= p.ancestors[i] | p.descendants[i] | (1 << i)
-        return chain(self._pulls(t, rel), self._defers(t, anc), self._sinks(t))
+        return chain(self._merges(t), self._pulls(t, rel), self._gathers(t, rel), self._defers(t, anc),
+                     self._sinks(t))
+
+    def _merges(self, t: CollectiveTiming) -> Iterator[np.ndarray]:
+        """The wait of each later stalled unit issued before ``t``'s wait, just before ``t``'s wait.
+
+        A unit's wait is its first member's wait op (a bucket's other members' waits come later and
+        find it done), and every member is issued by the unit's issue, so the moved op stays after
+        its collective; its users all come after its old place, so after its new one too."""
+        at, w = self.at, t.wait_pos
+        for issue, wait in self.stalled:
+            if wait > w and issue < w:
+                yield np.concatenate((at[:w], at[wait:wait + 1], at[w:wait], at[wait + 1:]))
 
     def _pulls(self, t: CollectiveTiming, rel: int) -> Iterator[np.ndarray]:
         """One independent compute op from after the wait, lasting at least the stall, just before it."""
@@ -84,6 +115,36 @@ class _Moves:
             if self.compute is not None and self.compute[at[w:q]].any():
                 continue
             yield np.concatenate((at[:w], at[q:q + 1], at[w:q], at[q + 1:]))
+
+    def _gathers(self, t: CollectiveTiming, rel: int) -> Iterator[np.ndarray]:
+        """The first compute and zero-cost ops after the wait (within ``reach``) that do not depend
+        on the unit and need nothing that stays after the wait, in their order, once they last at
+        least the stall together, just before the wait: compute ready before a long stall that no
+        single op covers (the head of a comm-bound backward). In the fixed mode the scan stops at
+        the first compute op that stays, so no compute op passes another."""
+        at, w, p = self.at, t.wait_pos, self.problem
+        moved: set[str] = set()
+        picked: list[int] = []
+        total = 0
+        for q in range(w + 1, min(len(at), w + 1 + self.reach)):
+            j = int(at[q])
+            op = p.ops[j]
+            ready = op.kind in _MOVABLE and not rel >> j & 1 and all(
+                d in moved or self.pos[p.index[d]] < w for d in op.deps)
+            if not ready:
+                if self.compute is not None and self.compute[j]:
+                    return
+                continue
+            moved.add(op.name)
+            picked.append(q)
+            total += int(self.runtime[j])
+            if total >= t.exposed_ns:
+                if len(picked) > 1:  # one op alone: a single pull
+                    rest = np.ones(len(at), dtype=bool)
+                    rest[picked] = False
+                    rest[:w] = False
+                    yield np.concatenate((at[:w], at[picked], at[rest]))
+                return
 
     def _defers(self, t: CollectiveTiming, anc: int) -> Iterator[np.ndarray]:
         """One compute op from before the issue (no ancestor), with what depends on it up to the
@@ -136,7 +197,7 @@ def hide_collectives(problem: ScheduleProblem, schedule: Schedule, *, max_makesp
     while not _spent(evals, max_evals, deadline):
         current = (res.n_hidden_hideable, -res.makespan_ns)
         found: tuple[tuple[int, int], np.ndarray] | None = None
-        moves = _Moves(problem, best, reach, compute)
+        moves = _Moves(problem, best, res, reach, compute)
         for t in sorted((t for t in res.collectives if t.exposed_ns > 0 and t.hideable), key=lambda t: t.exposed_ns):
             for at in moves.of(t):
                 if _spent(evals, max_evals, deadline):

@@ -11,7 +11,7 @@ from fxsched.solver import OpKind, Schedule, check_schedule, simulate
 from fxsched.solver.cpsat import SolveConfig, Status, solve
 
 from tests.solver.oracle import raw_orders
-from tests.solver.solver_builders import AG, coll, compute, make_problem, storage, wait
+from tests.solver.solver_builders import AG, RS, coll, compute, make_problem, storage, wait, zero
 from tests.solver.tiny_instances import tiny_problems
 
 
@@ -96,6 +96,83 @@ def test_the_peak_stays_within_the_budget() -> None:
 def test_the_candidate_bound_stops_the_search() -> None:
     p, base = _filler_or_feed()
     assert hide_collectives(p, base, max_makespan_ns=68, max_evals=0) is base
+
+
+def _back_to_back(bucket: bool):
+    """Two units on group A whose waits stall back to back, with only a view between them, so
+    that the first wait cannot sink past the second.
+
+    Lone (``bucket`` False): c1 (30 ns), c2 (20 ns), x (10 ns, needs neither), w1, v (a view of
+    w1), w2, z (5 ns, needs v and w2). c1 runs 0..30 and c2 30..50 (FIFO); x 0..10, w1 stalls
+    20 (to 30), w2 stalls 20 (to 50), z 50..55: 55 ns, neither hidden.
+
+    Bucket: r1 and r2 (reduce-scatters, 100 B in and 50 B out each) in one bucket issued at r2,
+    then a lone r3 (50 ns); w1 (r1's wait, the bucket's) stalls. The bucket's copy-in runs
+    100 + 200 = 300 ns and its collective 100 + 300 = 400 ns (300..700), r3 700..750 behind it;
+    x 300..310, w1 stalls 390 (to 700), w2 finds it done, w3 stalls 50 (to 750), z 750..755."""
+    if not bucket:
+        ops = [coll("c1", "A", AG, runtime_ns=30), coll("c2", "A", AG, runtime_ns=20), compute("x", 10),
+               wait("w1", "c1"), zero("v", deps=["w1"]), wait("w2", "c2"), compute("z", 5, deps=["v", "w2"])]
+        return make_problem(ops), ()
+    ops = [coll("r1", "A", RS, runtime_ns=250, bytes_in=100, bytes_out=50),
+           coll("r2", "A", RS, runtime_ns=250, bytes_in=100, bytes_out=50), coll("r3", "A", RS, runtime_ns=50),
+           compute("x", 10), wait("w1", "r1"), zero("v", deps=["w1"]), wait("w2", "r2"), wait("w3", "r3"),
+           compute("z", 5, deps=["v", "w2", "w3"])]
+    return make_problem(ops), (("r1", "r2"),)
+
+
+@pytest.mark.parametrize("bucket", [False, True])
+def test_back_to_back_stalls_merge_at_the_same_makespan(bucket: bool) -> None:
+    """The later unit's wait moves before the earlier one's: it stalls until its collective ends,
+    which FIFO puts after the earlier one's end, so the earlier wait finds its collective done and
+    the compute stream resumes when it did. Lone: w2 stalls 40 (10..50), w1 none, z 50..55.
+    Bucket: w3 stalls 440 (310..750), the bucket's waits none, z 750..755. One hidden at the same
+    makespan, the most any order hides (with those buckets) within it: the first unit's wait
+    always stalls, since x is the only compute beside it and is shorter than its collective."""
+    p, buckets = _back_to_back(bucket)
+    base = Schedule(tuple(op.name for op in p.ops), buckets)
+    r0 = simulate(p, base)
+    makespan = 755 if bucket else 55
+    assert (r0.makespan_ns, r0.n_hidden_hideable, r0.n_hideable) == (makespan, 0, 2)
+    most = max(simulate(p, s).n_hidden_hideable for s in (Schedule(o, buckets) for o in raw_orders(p))
+               if not check_schedule(p, s) and simulate(p, s).makespan_ns <= makespan)
+    assert most == 1
+    out = hide_collectives(p, base)
+    r = simulate(p, out)
+    assert (r.makespan_ns, r.n_hidden_hideable, r.peak_memory_bytes) == (makespan, 1, r0.peak_memory_bytes)
+    later, earlier = ("w3", "w1") if bucket else ("w2", "w1")
+    assert out.order.index(later) + 1 == out.order.index(earlier)
+    assert r.n_hidden_hideable_members == (2 if bucket else 1)
+
+
+def _two_short_fillers():
+    """c1 (group A, 30 ns) waited at once, v a view of its wait (so the wait cannot sink), u
+    (10 ns) needs v; x and y (15 ns each) need nothing; z (5 ns) needs u, x and y. Order c1, w1,
+    v, u, x, y, z: w1 stalls 30, u 30..40, x 40..55, y 55..70, z 70..75: 75 ns, c1 exposed."""
+    ops = [coll("c1", "A", AG, runtime_ns=30), wait("w1", "c1"), zero("v", deps=["w1"]),
+           compute("u", 10, deps=["v"]), compute("x", 15), compute("y", 15), compute("z", 5, deps=["u", "x", "y"])]
+    p = make_problem(ops)
+    return p, Schedule.original(p)
+
+
+def test_ops_that_cover_a_stall_together_move_before_it() -> None:
+    """Neither x nor y alone covers the 30 ns stall; together they do: x 0..15, y 15..30, w1 finds
+    c1 done at 30, u 30..40, z 40..45: 45 ns with c1 hidden, the least makespan of any order (the
+    45 ns of compute run back to back) and the most hidden."""
+    p, base = _two_short_fillers()
+    r0 = simulate(p, base)
+    assert (r0.makespan_ns, r0.n_hidden_hideable, r0.n_hideable) == (75, 0, 1)
+    out = hide_collectives(p, base)
+    assert out.order == ("c1", "x", "y", "w1", "v", "u", "z")
+    r = simulate(p, out)
+    assert (r.makespan_ns, r.n_hidden_hideable) == (45, 1)
+    assert _most_hidden(p, 45) == 1
+
+
+def test_fixed_mode_gathers_no_compute_past_compute() -> None:
+    """In the fixed mode x and y would pass u, which stays after the wait: no move is taken."""
+    p, base = _two_short_fillers()
+    assert hide_collectives(p, base, keep_compute_order=True) is base
 
 
 TINY = tiny_problems(24, seed=11)
