@@ -103,13 +103,15 @@ def reordered_runs(problem: ScheduleProblem, schedule: Schedule, res: SimResult)
 
 
 def pulled(problem: ScheduleProblem, schedule: Schedule, wait_pos: int, stall_ns: int, reach: int = 64,
-           keep_heavy_order: bool = False, accumulate: bool = False) -> Schedule | None:
+           keep_heavy_order: bool = False, accumulate: bool = False, keep_compute_order: bool = False
+           ) -> Schedule | None:
     """``schedule`` with compute from the ``reach`` positions after the stalled wait at ``wait_pos``
     that can run before it moved just before the wait, with the zero-cost ops between them that
     it needs: the first op that lasts at least ``stall_ns``, or with ``accumulate`` the first ops
     in order until they last that long together; None when there are none. CP-SAT's answers keep
     stalls of a few microseconds where compute ready before the wait runs just after it.
-    ``keep_heavy_order`` (fixed heavy-compute order): a heavy op never passes another."""
+    ``keep_heavy_order`` (fixed heavy-compute order): a heavy op never passes another;
+    ``keep_compute_order``: no compute op passes another (the scan stops at the first that stays)."""
     order, ops, index = schedule.order, problem.ops, problem.index
     moved: set[str] = set()
     total, passed_heavy = 0, False  # passed_heavy: a heavy op that stays lies between
@@ -128,6 +130,8 @@ def pulled(problem: ScheduleProblem, schedule: Schedule, wait_pos: int, stall_ns
                         n for n in order[wait_pos:] if n not in moved)
                     return Schedule(new, schedule.buckets, schedule.multi_dtype)
                 continue
+        if keep_compute_order and op.kind is OpKind.COMPUTE:
+            return None
         passed_heavy = passed_heavy or (keep_heavy_order and op.heavy)
     return None
 

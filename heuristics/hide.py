@@ -16,10 +16,10 @@ and the ops a collective's chain carries move relative to the compute):
 
 * **pull**: a compute op after the wait (within ``reach`` positions) that does not depend on the
   unit and whose inputs all exist before the wait moves to just before it (into the window);
-* **gathered pull**: where no single op lasts the stall, the first ops after the wait that do not
-  depend on the unit and need nothing that stays behind, in their order, until they last it
-  together (the start of a comm-bound backward: its first gathers stall for milliseconds while
-  microsecond ops that need none of them wait behind);
+* **gathered pull**: where no single op lasts the stall, the first ops after the wait that can
+  run before it, in their order, until they last it together (:func:`.concentrate.pulled`; the
+  start of a comm-bound backward: its first gathers stall for milliseconds while microsecond ops
+  that need none of them wait behind);
 * **defer**: a compute op before the issue (within ``reach``) that is no ancestor of the unit
   moves to just after the issue, with every op between them that depends on it
   (:class:`.reorder.Deferrals`: its cast and its own collective go with it);
@@ -57,12 +57,12 @@ from ..solver.problem import OpKind, ScheduleProblem, bit_mask
 from ..solver.schedule import Schedule
 from ..solver.sim_tables import sim_tables
 from ..solver.simulator import CollectiveTiming, SimResult, makespan_hidden_at, peak_at, simulate
+from .concentrate import pulled
 from .reorder import Deferrals, named
 
 log = logging.getLogger(__name__)
 
 SINK_STEPS = (2, 5, 10, 20, 50, 100, 200, 400)  # positions a wait may move later
-_MOVABLE = (OpKind.COMPUTE, OpKind.ZERO)  # what a gathered pull moves (collectives and waits stay)
 
 
 def _spent(evals: int, max_evals: int | None, deadline: float | None) -> bool:
@@ -89,7 +89,7 @@ class _Moves:
             i = p.index[m]
             anc |= p.ancestors[i]
             rel |= p.ancestors[i] | p.descendants[i] | (1 << i)
-        return chain(self._merges(t), self._pulls(t, rel), self._gathers(t, rel), self._defers(t, anc),
+        return chain(self._merges(t), self._pulls(t, rel), self._gathers(t), self._defers(t, anc),
                      self._sinks(t))
 
     def _merges(self, t: CollectiveTiming) -> Iterator[np.ndarray]:
@@ -116,35 +116,19 @@ class _Moves:
                 continue
             yield np.concatenate((at[:w], at[q:q + 1], at[w:q], at[q + 1:]))
 
-    def _gathers(self, t: CollectiveTiming, rel: int) -> Iterator[np.ndarray]:
-        """The first compute and zero-cost ops after the wait (within ``reach``) that do not depend
-        on the unit and need nothing that stays after the wait, in their order, once they last at
-        least the stall together, just before the wait: compute ready before a long stall that no
-        single op covers (the head of a comm-bound backward). In the fixed mode the scan stops at
-        the first compute op that stays, so no compute op passes another."""
-        at, w, p = self.at, t.wait_pos, self.problem
-        moved: set[str] = set()
-        picked: list[int] = []
-        total = 0
-        for q in range(w + 1, min(len(at), w + 1 + self.reach)):
-            j = int(at[q])
-            op = p.ops[j]
-            ready = op.kind in _MOVABLE and not rel >> j & 1 and all(
-                d in moved or self.pos[p.index[d]] < w for d in op.deps)
-            if not ready:
-                if self.compute is not None and self.compute[j]:
-                    return
-                continue
-            moved.add(op.name)
-            picked.append(q)
-            total += int(self.runtime[j])
-            if total >= t.exposed_ns:
-                if len(picked) > 1:  # one op alone: a single pull
-                    rest = np.ones(len(at), dtype=bool)
-                    rest[picked] = False
-                    rest[:w] = False
-                    yield np.concatenate((at[:w], at[picked], at[rest]))
-                return
+    def _gathers(self, t: CollectiveTiming) -> Iterator[np.ndarray]:
+        """Where no single op lasts the stall, the first ops after the wait that can run before it,
+        until they last the stall together, just before it (:func:`.concentrate.pulled` with
+        ``accumulate``; in the fixed mode no compute op passes another)."""
+        w, p = t.wait_pos, self.problem
+        out = pulled(p, self.defer.sched, w, t.exposed_ns, self.reach, accumulate=True,
+                     keep_compute_order=self.compute is not None)
+        if out is None:
+            return
+        at = sim_tables(p).positions(p, out.order)[0]
+        ahead = at[w:int(np.flatnonzero(at == self.at[w])[0])]  # what now runs before the wait
+        if np.count_nonzero(self.runtime[ahead]) > 1:  # one op alone is a single pull (_pulls)
+            yield at
 
     def _defers(self, t: CollectiveTiming, anc: int) -> Iterator[np.ndarray]:
         """One compute op from before the issue (no ancestor), with what depends on it up to the

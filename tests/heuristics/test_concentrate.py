@@ -131,6 +131,8 @@ def test_several_ops_are_pulled_when_none_covers_the_stall() -> None:
     assert simulate(p, base).makespan_ns == 52
     assert pulled(p, base, 2, 10) is None
     assert pulled(p, base, 2, 10, accumulate=True).order == ("c", "a", "b1", "b2", "w", "d")
+    # b1 and b2 would pass d, which needs the wait and stays: not when no compute op may pass another
+    assert pulled(p, base, 2, 10, accumulate=True, keep_compute_order=True) is None
     out = concentrate_stalls(p, base)
     r = simulate(p, out)
     assert (out.order, r.makespan_ns, r.n_hidden_hideable) == (("c", "a", "b1", "b2", "w", "d"), 42, 1)
