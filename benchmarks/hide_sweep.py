@@ -19,11 +19,13 @@ import platform
 import time
 from dataclasses import dataclass
 
+from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.hide import hide_collectives
 from ..solver import Schedule, simulate
 from ..solver.cpsat import SolveConfig, solve
 from ..solver.problem import ScheduleProblem
 from ..solver.simulator import SimResult
+from ..solver.spine_fill import spine_fill
 from .sections import emit, source_revision
 from .zoo import ZOO, problems
 
@@ -38,16 +40,25 @@ class SlackRow:
     slack: float
     result: SimResult
     wall_s: float
+    spine: bool = False  # polished from the spine fill's order (solver/spine_fill.py), not the answer's
 
 
-def sweep(problem: ScheduleProblem, answer: Schedule, slacks: list[float]) -> list[SlackRow]:
-    """``answer`` polished once per slack (each from ``answer`` itself, within its peak)."""
-    base = simulate(problem, answer).makespan_ns
+def sweep(problem: ScheduleProblem, answer: Schedule, slacks: list[float],
+          spine: Schedule | None = None) -> list[SlackRow]:
+    """``answer`` polished once per slack (each from ``answer`` itself, within its peak); with
+    ``spine`` (the spine fill's order from ``answer``) that order too, its stalls concentrated
+    first, with the same caps (shares of the answer's makespan, the answer's peak)."""
+    res = simulate(problem, answer)
     rows = []
-    for slack in slacks:
-        t0 = time.perf_counter()
-        out = hide_collectives(problem, answer, max_makespan_ns=int(base * (1 + slack)))
-        rows.append(SlackRow(slack, simulate(problem, out), time.perf_counter() - t0))
+    for start in (answer, spine):
+        if start is None:
+            continue
+        for slack in slacks:
+            t0 = time.perf_counter()
+            cap = int(res.makespan_ns * (1 + slack))
+            out = start if start is answer else concentrate_stalls(problem, start)
+            out = hide_collectives(problem, out, max_makespan_ns=cap, budget_bytes=res.peak_memory_bytes)
+            rows.append(SlackRow(slack, simulate(problem, out), time.perf_counter() - t0, start is not answer))
     return rows
 
 
@@ -61,27 +72,36 @@ def table(problem: ScheduleProblem, rows: list[SlackRow]) -> list[str]:
         r = row.result
         share = r.n_hidden_hideable / max(1, r.n_hideable)
         peak = r.peak_memory_bytes / max(1, orig.peak_memory_bytes)
-        out.append(f"| {row.slack:.1%} | {r.makespan_ns / 1e3:,.1f} | {r.exposed_ns / 1e3:,.1f} | "
+        out.append(f"| {'spine fill, ' if row.spine else ''}{row.slack:.1%} | {r.makespan_ns / 1e3:,.1f} | {r.exposed_ns / 1e3:,.1f} | "
                    f"{r.n_hidden_hideable}/{r.n_hideable} | {share:.1%} | {r.n_overlapped_hideable}/{r.n_hideable} | "
                    f"{peak:.3f} | {'holds' if share >= TARGET else 'fails'} | {row.wall_s:.1f} |")
     return out + [""]
 
 
 def run(names: list[str], parts: list[str], slacks: list[float], time_limit_s: float, workers: int,
-        processes: int) -> str:
+        processes: int, spine_s: float = 0.0) -> str:
     cmd = (f"python -m fxsched.benchmarks.hide_sweep --graphs {' '.join(names)} --parts {' '.join(parts)} "
            f"--slacks {' '.join(f'{s:g}' for s in slacks)} --time-limit {time_limit_s:g} --workers {workers} "
-           f"--processes {processes} --out benchmarks/RESULTS.md")
+           f"--processes {processes}{f' --spine-s {spine_s:g}' if spine_s else ''} --out benchmarks/RESULTS.md")
     out = [BEGIN, "## What hiding costs (slack sweep)", "",
            f"Made by `{cmd}` at {source_revision()} on {platform.machine()} / Python {platform.python_version()}. "
            f"One free-order solve per graph ({time_limit_s:g} s wall clock, within the original order's peak, "
            "its own polish at no slack included), then its answer polished again with the makespan allowed "
            "to grow by each slack (`slack`: a share of the answer's makespan) and the peak held to the "
            "answer's. `hidden`: waits that never stall (DESIGN.md); `not fully exposed`: Inductor's count. "
-           "Times in us of simulated H100 time.", ""]
+           "Times in us of simulated H100 time." + (
+               f" `spine fill, x%` rows: the answer's order after {spine_s:g} s of the spine fill "
+               "(`solver/spine_fill.py`, `SolveConfig.spine_share`), polished with the same caps "
+               "(none when it found nothing within the peak)." if spine_s else ""), ""]
     for p in problems(names, parts):
         config = SolveConfig(mode="free", workers=workers, processes=processes, deterministic=False)
-        out += table(p, sweep(p, solve(p, time_limit_s, config).schedule, slacks))
+        answer = solve(p, time_limit_s, config).schedule
+        t0 = time.perf_counter()
+        spine = spine_fill(p, answer, simulate(p, answer).peak_memory_bytes, config, spine_s) if spine_s else None
+        if spine_s:
+            out += [f"Spine fill on {p.name}: {'an order' if spine is not None else 'nothing'} in "
+                    f"{time.perf_counter() - t0:.1f} s.", ""]
+        out += table(p, sweep(p, answer, slacks, spine))
     out.append(END)
     return "\n".join(out)
 
@@ -95,12 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds of the one solve per graph")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--processes", type=int, default=2, help="plan searches side by side (SolveConfig.processes)")
+    ap.add_argument("--spine-s", type=float, default=0.0,
+                    help="seconds of the spine fill from each answer, polished the same way (default: none)")
     ap.add_argument("--out", default=None, help="write the section into this markdown file (default: stdout)")
     args = ap.parse_args(argv)
     if any(not 0 <= s <= 1 for s in args.slacks):
         ap.error("--slacks must be shares in [0, 1]")
     emit(args.out, BEGIN, END, run(args.graphs, args.parts, args.slacks, args.time_limit, args.workers,
-                                   args.processes))
+                                   args.processes, args.spine_s))
     return 0
 
 

@@ -184,15 +184,21 @@ class ProgressLine:
             self.dirty = False
 
 
-def _share(text: str) -> float:
-    """--hide-slack: a share of the makespan in [0, 1]."""
+def _share(text: str, top: float = 1.0, closed: bool = True) -> float:
+    """--hide-slack: a share of the makespan in [0, 1]; --spine-share (``top`` 0.5, open): of the budget."""
+    span = f"[0, {top:g}{']' if closed else ')'}"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number in {span}, got {text!r}") from None
+    if not (0.0 <= value <= top if closed else 0.0 <= value < top):
+        raise argparse.ArgumentTypeError(f"expected a number in {span}, got {text!r}")
     return value
+
+
+def _spine_share(text: str) -> float:
+    """--spine-share: a share of the time budget in [0, 0.5)."""
+    return _share(text, 0.5, closed=False)
 
 
 def _budget(value: str | None) -> int | float | None:
@@ -222,7 +228,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if fp is not None and not is_fingerprint(fp):
         raise CliError(f"--fingerprint {fp!r}: expected 64 lowercase hex digits")
     config = SolveConfig(mode=args.mode, workers=args.workers, seed=args.seed, deterministic=args.deterministic,
-                         memory_budget=args.memory_budget, processes=args.processes, hide_slack=args.hide_slack)
+                         memory_budget=args.memory_budget, processes=args.processes, hide_slack=args.hide_slack,
+                         spine_share=args.spine_share)
     base = simulate(problem)
     clock = "deterministic time units" if args.deterministic else "s wall clock"
     print(f"solving {problem.name}: {len(problem.ops)} ops, {len(problem.collectives)} collectives; original "
@@ -368,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hide-slack", type=_share, default=0.0,
                    help="share the makespan may grow by to hide more collectives in the final polish, e.g. 0.01 "
                         "(default: %(default)s, never longer)")
+    p.add_argument("--spine-share", type=_spine_share, default=0.0,
+                   help="free mode: share of the budget for the spine fill, which moves compute into the windows of "
+                        "the longest collective chain at once, e.g. 0.25 (default: %(default)s, off)")
     p.add_argument("-o", "--output", default=None, help="schedule file to write")
     p.add_argument("--cache-dir", default=None, help="install the schedule into this cache under the problem's fingerprint")
     p.add_argument("--fingerprint", default=None, help="cache key to use instead of the one the problem file records")

@@ -55,6 +55,7 @@ from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
 from .simulator import simulate
+from .spine_fill import spine_fill
 from .warm_start import (DEFER_MOVES_PER_S, bucket_tries, critical_builds, far_evals, plan_evals, pull_evals,
                          size_scale, stream_bound, warm_start, warm_start_share)
 
@@ -79,22 +80,39 @@ def solve(
     more collectives are hidden by single moves ranked by that count first
     (:func:`..heuristics.hide.hide_collectives`; peak no higher, makespan at most
     ``config.hide_slack`` above the answer's; a longer one is no longer proven optimal). Both take
-    fewer tries on larger graphs and, on a wall clock, the last 4% of the budget.
+    fewer tries on larger graphs and, on a wall clock, the last 4% of the budget. A search that
+    ran past the whole budget leaves only the runs' reorder (one simulation), and that only
+    within another 4% of the budget. With ``config.spine_share`` (free mode) that share of the
+    budget first goes to :func:`.spine_fill.spine_fill`, which reassigns compute to the windows
+    of the answer's longest collective chain at once; polished the same way, its order is kept
+    when it hides more at no longer makespan, within the memory budget.
     """
     t0 = time.perf_counter()
-    # on a wall clock the search leaves the last 4% of the budget to the polish
-    search_s = time_budget_s if config.deterministic or not config.polish else (1 - POLISH_SHARE) * time_budget_s
+    # on a wall clock the search leaves the last 4% of the budget to the polish (and the spine
+    # fill's share before that)
+    spine_s = config.spine_share * time_budget_s if config.polish and config.mode == "free" else 0.0
+    search_s = (time_budget_s if config.deterministic or not config.polish
+                else (1 - POLISH_SHARE - spine_s / time_budget_s) * time_budget_s)
     res = _solve(problem, search_s, config, hint, progress, t0)
     if res.status is Status.INFEASIBLE or not config.polish:
         return res
     tries = max(4, int(64 * size_scale(problem)))
     deadline = None if config.deterministic else t0 + time_budget_s
-    fixed = config.mode == "fixed"
-    sched = concentrate_stalls(problem, res.schedule, max_tries=tries, deadline=deadline, keep_heavy_order=fixed)
-    cap = int(simulate(problem, sched).makespan_ns * (1 + config.hide_slack)) if config.hide_slack else None
-    sched = hide_collectives(problem, sched, max_makespan_ns=cap,  # None: the answer's own makespan
-                             max_evals=max(64, int(HIDE_EVALS * size_scale(problem))), deadline=deadline,
-                             keep_compute_order=fixed)
+    late = deadline is not None and time.perf_counter() > deadline
+    if late and time.perf_counter() > deadline + POLISH_SHARE * time_budget_s:
+        sched = res.schedule  # far past the deadline: nothing more
+    elif late:  # the search overran the polish's share (a busy machine): the runs of stalled waits
+        # are still reordered, one simulation (a 60 s solve of the 4-node FSDP backward, done at
+        # 65.1 s, had skipped it and left a 34-member bucket exposed that the reorder hides)
+        sched = concentrate_stalls(problem, res.schedule, max_tries=0)
+    else:
+        spine = None
+        if spine_s:  # deterministic solves give it deterministic time on top of the search's
+            left = spine_s if deadline is None else min(spine_s, deadline - POLISH_SHARE * time_budget_s - time.perf_counter())
+            spine = spine_fill(problem, res.schedule, resolve_budget(problem, config.memory_budget), config, left)
+        sched = _polished(problem, res.schedule, config, tries, deadline)
+        if spine is not None:
+            sched = _more_hidden(problem, sched, _polished(problem, spine, config, tries, deadline))
     if sched is res.schedule:
         return dataclasses.replace(res, runtime=time.perf_counter() - t0)
     r = simulate(problem, sched)  # the makespan may have dropped (compute pulled into stalls), or grown by the slack
@@ -108,6 +126,27 @@ def solve(
     return dataclasses.replace(res, schedule=sched, objective=r.makespan_ns, peak_memory_bytes=r.peak_memory_bytes,
                                status=proven(status, r.makespan_ns, lower), lower_bound=lower,
                                runtime=time.perf_counter() - t0)
+
+
+def _polished(problem: ScheduleProblem, sched: Schedule, config: SolveConfig, tries: int,
+              deadline: float | None) -> Schedule:
+    """The final polish: stalls concentrated, then more collectives hidden (see :func:`solve`)."""
+    fixed = config.mode == "fixed"
+    sched = concentrate_stalls(problem, sched, max_tries=tries, deadline=deadline, keep_heavy_order=fixed)
+    cap = int(simulate(problem, sched).makespan_ns * (1 + config.hide_slack)) if config.hide_slack else None
+    return hide_collectives(problem, sched, max_makespan_ns=cap,  # None: the answer's own makespan
+                            max_evals=max(64, int(HIDE_EVALS * size_scale(problem))), deadline=deadline,
+                            keep_compute_order=fixed)
+
+
+def _more_hidden(problem: ScheduleProblem, sched: Schedule, other: Schedule) -> Schedule:
+    """``other`` when it hides more hideable collectives than ``sched`` at no longer makespan (or as
+    many in less), else ``sched``; both within the memory budget (the spine fill checks its own)."""
+    a, b = simulate(problem, sched), simulate(problem, other)
+    better = b.makespan_ns <= a.makespan_ns and (b.n_hidden_hideable, -b.makespan_ns) > (a.n_hidden_hideable, -a.makespan_ns)
+    log.info("solve %s: spine fill %d hidden at %d ns, against %d at %d ns: %s", problem.name, b.n_hidden_hideable,
+             b.makespan_ns, a.n_hidden_hideable, a.makespan_ns, "kept" if better else "dropped")
+    return other if better else sched
 
 
 def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, hint: Schedule | None,

@@ -69,6 +69,10 @@ class SolveConfig:
     # final polish: more collectives hidden (hide.py) at a makespan at most this share above the answer's
     # (0: never longer); a positive slack trades makespan for collectives whose runtime has slack
     hide_slack: float = 0.0
+    # free mode: this share of the budget goes to the spine fill (solver/spine_fill.py), which
+    # reassigns compute to the windows of the longest collective chain at once; its answer,
+    # polished, is kept when it hides more at no longer makespan within the memory budget (0: off)
+    spine_share: float = 0.0
     peak_phase_fraction: float = 0.2
     max_order_literals: int = 40_000  # above this, neighbourhood rounds around the incumbent
     lns_rounds: int = 8  # deterministic mode: neighbourhood rounds on large graphs (each a window)
@@ -91,6 +95,8 @@ class SolveConfig:
             raise ValueError("SolveConfig.deterministic_rate must be > 0")
         if isinstance(self.hide_slack, bool) or not 0.0 <= self.hide_slack <= 1.0:
             raise ValueError(f"SolveConfig.hide_slack must be a share in [0, 1], got {self.hide_slack!r}")
+        if isinstance(self.spine_share, bool) or not 0.0 <= self.spine_share < 0.5:
+            raise ValueError(f"SolveConfig.spine_share must be a share in [0, 0.5), got {self.spine_share!r}")
         b = self.memory_budget
         if b is not None and (isinstance(b, bool) or b <= 0):
             raise ValueError(f"SolveConfig.memory_budget must be > 0 bytes or a ratio > 0, got {b!r}")

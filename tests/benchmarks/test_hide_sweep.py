@@ -18,3 +18,21 @@ def test_each_slack_buys_what_the_oracle_allows() -> None:
     text = "\n".join(table(p, rows))
     assert "| 0.0% | 0.1 | 0.0 | 0/2 | 0.0% |" in text and "| 5.0% | 0.1 | 0.0 | 1/2 | 50.0% |" in text
     assert text.count("| fails |") == 3
+
+
+def test_spine_rows_follow_the_answer_rows() -> None:
+    """tests/solver/test_spine_fill.py's chain: the given order (95 ns) hides 1 of 2 at any slack;
+    the spine fill's order hides both at 65 ns (total compute, the optimum)."""
+    from fxsched.solver import Schedule
+    from fxsched.solver.cpsat import SolveConfig
+    from fxsched.solver.spine_fill import spine_fill
+    from tests.solver.test_spine_fill import _short_fillers
+
+    p = _short_fillers()
+    base = Schedule.original(p)
+    spine = spine_fill(p, base, 10**9, SolveConfig(mode="free"), 5.0)
+    rows = sweep(p, base, [0.0, 0.05], spine)
+    assert [(r.spine, r.slack, r.result.makespan_ns, r.result.n_hidden_hideable) for r in rows] == [
+        (False, 0.0, 95, 1), (False, 0.05, 95, 1), (True, 0.0, 65, 2), (True, 0.05, 65, 2)]
+    text = "\n".join(table(p, rows))
+    assert "| spine fill, 0.0% | 0.1 | 0.0 | 2/2 | 100.0% |" in text

@@ -225,3 +225,22 @@ def test_solve_hide_slack_must_be_a_share(exported, tmp_path, capsys, value):
         main(["solve", str(exported), "--hide-slack", value, "-o", str(tmp_path / "s.json")])
     assert exc.value.code == 2
     assert "--hide-slack" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-0.1", "0.5", "many"])
+def test_solve_spine_share_must_be_under_half(exported, tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["solve", str(exported), "--spine-share", value, "-o", str(tmp_path / "s.json")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--spine-share" in err and "[0, 0.5)" in err
+
+
+def test_solve_passes_the_spine_share(monkeypatch, exported, tmp_path):
+    import fxsched.fxbridge.cli as cli
+
+    seen = []
+    real = cli.solve
+    monkeypatch.setattr(cli, "solve", lambda p, t, config, **k: seen.append(config.spine_share) or real(p, t, config, **k))
+    main(["solve", str(exported), "--mode", "free", "--spine-share", "0.25", "--time-limit", "1", "-o", str(tmp_path / "s.json")])
+    assert seen == [0.25]
