@@ -38,6 +38,7 @@ yet: from a 60 s answer hiding 184 of 197 at 31,202.3 us, 30 s of it and the pol
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -314,8 +315,9 @@ def spine_fill(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, con
     """``sched`` with compute reassigned to its chain's windows (see the module doc), or None: not
     free mode, too large a graph (SPINE_MAX_OPS), no chain, no chain collective stalled, no
     answer within ``time_s``, or every one of the MEMORY_TRIES solves (sharing ``time_s``) peaked
-    over ``budget_bytes`` (or ``sched``'s peak, if higher). The result is valid; its makespan is
-    not checked (the caller polishes and compares)."""
+    over ``budget_bytes`` (or ``sched``'s peak, if higher). On a wall clock ``time_s`` covers the
+    model builds too; in deterministic mode it is CP-SAT's deterministic time alone. The result is
+    valid; its makespan is not checked (the caller polishes and compares)."""
     if config.mode != "free" or len(problem.ops) > SPINE_MAX_OPS or time_s <= 0:
         return None
     spine = spine_of(problem, sched)
@@ -327,10 +329,18 @@ def spine_fill(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, con
         return None
     budget = max(budget_bytes, res.peak_memory_bytes)
     pinned: set[int] = set()
-    for _ in range(MEMORY_TRIES):
+    end = time.perf_counter() + time_s  # on a wall clock, model builds count too (about 1 s at 2,400 ops)
+    for k in range(MEMORY_TRIES):
+        left = time_s / MEMORY_TRIES if config.deterministic else (end - time.perf_counter()) / (MEMORY_TRIES - k)
+        if left <= 0:
+            return None
         builder = SpineModel(problem, sched, spine, budget, radius, pinned)
         builder.build()
-        solver = make_solver(config, time_s / MEMORY_TRIES, lns=True)
+        if not config.deterministic:
+            left = (end - time.perf_counter()) / (MEMORY_TRIES - k)
+            if left <= 0:
+                return None
+        solver = make_solver(config, left, lns=True)
         if solver.Solve(builder.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         cand = builder.decode(solver)

@@ -120,3 +120,24 @@ def test_solve_keeps_the_spine_fill_when_it_hides_more(monkeypatch, share: float
     r = solve(p, 5, dataclasses.replace(FREE, spine_share=share))
     res = simulate(p, r.schedule)
     assert (res.makespan_ns, res.n_hidden_hideable, r.objective) == (makespan, hidden, makespan)
+
+
+def test_a_wall_clock_fill_stops_at_its_time(monkeypatch) -> None:
+    """On a wall clock the model builds count: a clock that jumps past the budget during the
+    first build (faked, so the test does not depend on the machine) leaves no time to solve."""
+    import fxsched.solver.spine_fill as sf
+
+    p = _short_fillers()
+    clock = [0.0]
+    monkeypatch.setattr(sf, "time", type("FakeTime", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    real = sf.SpineModel.build
+
+    def slow_build(self):
+        clock[0] += 10.0
+        return real(self)
+
+    monkeypatch.setattr(sf.SpineModel, "build", slow_build)
+    wall = dataclasses.replace(FREE, deterministic=False)
+    assert spine_fill(p, Schedule.original(p), 10**9, wall, 5.0) is None
+    clock[0] = 0.0
+    assert spine_fill(p, Schedule.original(p), 10**9, wall, 50.0) is not None  # 10 s of 50: time left to solve
