@@ -49,16 +49,14 @@ def sweep(problem: ScheduleProblem, answer: Schedule, slacks: list[float],
     ``spine`` (the spine fill's order from ``answer``) that order too, its stalls concentrated
     first, with the same caps (shares of the answer's makespan, the answer's peak)."""
     res = simulate(problem, answer)
+    starts = [(answer, False)] + ([(concentrate_stalls(problem, spine), True)] if spine is not None else [])
     rows = []
-    for start in (answer, spine):
-        if start is None:
-            continue
+    for start, from_spine in starts:
         for slack in slacks:
             t0 = time.perf_counter()
-            cap = int(res.makespan_ns * (1 + slack))
-            out = start if start is answer else concentrate_stalls(problem, start)
-            out = hide_collectives(problem, out, max_makespan_ns=cap, budget_bytes=res.peak_memory_bytes)
-            rows.append(SlackRow(slack, simulate(problem, out), time.perf_counter() - t0, start is not answer))
+            out = hide_collectives(problem, start, max_makespan_ns=int(res.makespan_ns * (1 + slack)),
+                                   budget_bytes=res.peak_memory_bytes)
+            rows.append(SlackRow(slack, simulate(problem, out), time.perf_counter() - t0, from_spine))
     return rows
 
 

@@ -109,7 +109,7 @@ def solve(
         spine = None
         if spine_s:  # deterministic solves give it deterministic time on top of the search's
             left = spine_s if deadline is None else min(spine_s, deadline - POLISH_SHARE * time_budget_s - time.perf_counter())
-            spine = spine_fill(problem, res.schedule, resolve_budget(problem, config.memory_budget), config, left)
+            spine = spine_fill(problem, res.schedule, res.budget_bytes, config, left)
         sched = _polished(problem, res.schedule, config, tries, deadline)
         if spine is not None:
             sched = _more_hidden(problem, sched, _polished(problem, spine, config, tries, deadline))

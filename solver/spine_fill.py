@@ -103,7 +103,7 @@ class SpineModel:
     """The slot model of one incumbent (see the module doc): variables / constraints / objective."""
 
     def __init__(self, problem: ScheduleProblem, sched: Schedule, spine: Spine, budget_bytes: int, radius: int,
-                 pinned: set[int] = frozenset()):  # type: ignore[assignment]
+                 pinned: frozenset[int] = frozenset()):
         self.problem, self.sched, self.spine, self.pinned = problem, sched, spine, pinned
         self.budget, self.radius = budget_bytes, radius
         self.model = cp_model.CpModel()
@@ -294,11 +294,13 @@ class SpineModel:
         weight = self.radius * len(self.moves) + 1
         m.Minimize(weight * sum(1 - c for c in self.cover) + sum(self.moves))
 
-    def slots_at(self, sched: Schedule, positions: np.ndarray) -> set[int]:
-        """The slots (of the last decode, ``sched``) that hold these positions, and their neighbours."""
+    def moved_across(self, sched: Schedule, positions: np.ndarray) -> frozenset[int]:
+        """The ops whose move (incumbent slot to decoded slot, ``sched`` the last decode) reached or
+        crossed a slot that holds one of these positions."""
         p = self.problem
         slots = {self.solved[p.index[sched.order[int(q)]]] for q in positions}
-        return slots
+        return frozenset(j for j, (a, b) in enumerate(zip(self.inc.tolist(), self.solved))
+                         if a != b and any(min(a, b) <= v <= max(a, b) for v in slots))
 
     def decode(self, solver: cp_model.CpSolver) -> Schedule:
         """Slot by slot; a chain op first in its slot, the rest in the incumbent's order."""
@@ -328,18 +330,16 @@ def spine_fill(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, con
     if not any(t.exposed_ns > 0 and t.members[0] in chain for t in res.collectives):
         return None
     budget = max(budget_bytes, res.peak_memory_bytes)
-    pinned: set[int] = set()
+    pinned: frozenset[int] = frozenset()
     end = time.perf_counter() + time_s  # on a wall clock, model builds count too (about 1 s at 2,400 ops)
     for k in range(MEMORY_TRIES):
-        left = time_s / MEMORY_TRIES if config.deterministic else (end - time.perf_counter()) / (MEMORY_TRIES - k)
-        if left <= 0:
+        if not config.deterministic and time.perf_counter() >= end:
             return None
         builder = SpineModel(problem, sched, spine, budget, radius, pinned)
         builder.build()
-        if not config.deterministic:
-            left = (end - time.perf_counter()) / (MEMORY_TRIES - k)
-            if left <= 0:
-                return None
+        left = time_s / MEMORY_TRIES if config.deterministic else (end - time.perf_counter()) / (MEMORY_TRIES - k)
+        if left <= 0:
+            return None
         solver = make_solver(config, left, lns=True)
         if solver.Solve(builder.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
@@ -351,8 +351,5 @@ def spine_fill(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, con
             return cand
         # what moved across the slots that peaked goes back to the incumbent's slot; the next solve
         # keeps everything else free
-        slots = builder.slots_at(cand, over)
-        pinned |= {j for j in range(len(problem.ops)) if builder.solved[j] != builder.inc[j]
-                   and any(min(builder.inc[j], builder.solved[j]) <= v <= max(builder.inc[j], builder.solved[j])
-                           for v in slots)}
+        pinned |= builder.moved_across(cand, over)
     return None

@@ -30,7 +30,7 @@ def _short_fillers(memory: bool = False):
     ``memory``: g (0 ns) first allocates G (1000 B), which d reads last, and x allocates X
     (1000 B), which z reads: the given order peaks at 1000 B. Deferring d past w1 would hold G
     and X together (2000 B), so within that budget only a and b may move."""
-    ops = [compute("g", 0, allocates=["G"] if memory else [])] if memory else []
+    ops = [compute("g", 0, allocates=["G"])] if memory else []
     ops += [coll("c1", "A", AG, runtime_ns=20), compute("a", 20), compute("b", 10),
             compute("d", 20, deps=["g"] if memory else [], uses=["G"] if memory else []),
             wait("w1", "c1"), compute("x", 10, deps=["w1"], allocates=["X"] if memory else []),
@@ -141,3 +141,27 @@ def test_a_wall_clock_fill_stops_at_its_time(monkeypatch) -> None:
     assert spine_fill(p, Schedule.original(p), 10**9, wall, 5.0) is None
     clock[0] = 0.0
     assert spine_fill(p, Schedule.original(p), 10**9, wall, 50.0) is not None  # 10 s of 50: time left to solve
+
+
+def test_a_peak_inside_a_slot_sends_the_moved_ops_back(monkeypatch) -> None:
+    """x also needs a, so only b (10 ns) and d (20 ns) can fill c2's 30 ns window. d makes the
+    temporary T (1000 B) that e (0 ns) frees at once, inside one slot, so no chain op sees it; but
+    c2's window holds X (1000 B, from x to z): moved there, d peaks at 2000 B, over the 1000 B of
+    the given order. The second solve keeps what moved across that slot (b, d, e) where it was,
+    which leaves the given order (1 of 2 hidden, within the budget); with one solve there is none."""
+    import fxsched.solver.spine_fill as sf
+
+    p = make_problem([
+        coll("c1", "A", AG, runtime_ns=20), compute("a", 20), compute("b", 10), compute("d", 20, allocates=["T"]),
+        compute("e", 0, deps=["d"], uses=["T"]), wait("w1", "c1"),
+        compute("x", 10, deps=["w1", "a"], allocates=["X"]), coll("c2", "A", AG, runtime_ns=30, deps=["x"]),
+        wait("w2", "c2"), compute("z", 5, deps=["w2", "x"], uses=["X"]),
+    ], [storage("T", 1000), storage("X", 1000)], groups=("A",))
+    base = Schedule.original(p)
+    assert (simulate(p, base).peak_memory_bytes, simulate(p, base).n_hidden_hideable) == (1000, 1)
+    out = spine_fill(p, base, 1000, FREE, 5.0)
+    assert out is not None and out.order == base.order
+    monkeypatch.setattr(sf, "MEMORY_TRIES", 1)
+    assert spine_fill(p, base, 1000, FREE, 5.0) is None
+    assert spine_fill(p, base, 2000, FREE, 5.0) is not None  # room for both: d moves, both hidden
+    assert simulate(p, spine_fill(p, base, 2000, FREE, 5.0)).n_hidden_hideable == 2
