@@ -14,31 +14,33 @@ slot, and one CP-SAT model chooses them all:
 * **variables**: each op's slot, within ``radius`` of the incumbent's and within what its
   dependencies on the chain allow;
 * **constraints**: dependencies (no op in an earlier slot than an input), a bucket's waits no
-  earlier than its issues, and memory: at every chain op, the bytes live across it (each
-  storage from its allocator's slot to its last reader's) at most the incumbent's there plus
-  the incumbent's headroom under the budget in the two slots around it. What runs inside a slot
-  is not modelled, so the decoded order is simulated; where it peaks over the budget, the ops
-  that moved across those slots go back to the incumbent's and the model is solved again
-  (MEMORY_TRIES solves in all, then nothing);
+  earlier than its issues, and memory, exactly: the bytes live at an op in a slot (each storage
+  from its allocator to its last reader, ops in a slot in the incumbent's order) at most the
+  budget, at every chain op from the start and, lazily, at the highest ops of each slot where a
+  decoded order peaks over it (then the model is solved again: up to CUT_ROUNDS solves). Three
+  keep the makespan: a long collective of the chain's group off the chain (the tp backward's
+  2.15 ms all-reduce) keeps its slot and no more compute before it, and a chain window behind
+  it in the group's queue counts as covered only when the compute from its issue lasts the
+  queue too; and the windows' deficits (runtime their compute misses) sum to no more than the
+  incumbent's, so covering one window does not stall another longer;
 * **objective**: the chain windows whose compute is shorter than their collective first, then
   how far the ops move from the incumbent's slots.
 
 The order is decoded slot by slot, each slot's ops in the incumbent's order, so it is valid by
 construction. :func:`.cpsat.solve` polishes it and keeps it only if it hides more collectives
-at no longer a makespan; it is off by default (``SolveConfig.spine_share``), since the model
-sees neither the other collectives' windows nor their group's FIFO. On the tp_2x4 backward's
-60 s answer (185 of 198 hidden, 31,192.6 us, at the original order's peak), without the memory
-guard and with the polish allowed the order's peak, one 60 s solve reached 196 of 198 at
-31,194.0 us and 2.1% more memory. With the guard, held to the answer's peak, it does not pay
-yet: from a 60 s answer hiding 184 of 197 at 31,202.3 us, 30 s of it and the polish hide 189 at
-32,297.0 us, and 193 at 5% slack, where the answer's own polish hides 190 at 31,414.1 us
-(benchmarks/RESULTS.md, slack sweep).
+at no longer a makespan. It is off by default (``SolveConfig.spine_share``): the model does
+not see the windows of the collectives off the chain (the FSDP group's), and their stalls
+mostly cost more than the chain gains. From the tp_2x4 backward's 60 s answer (185 of 198
+hidden, 31,200.3 us), 30 s of it and the polish hid 186 at 31,193.1 us (benchmarks/RESULTS.md,
+slack sweep); from another (185 at 31,192.6 us), six 60 s runs hid 190 to 194, at 31.33 to
+31.96 ms.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +58,11 @@ SPINE_RADIUS = 4  # slots an op may move from the incumbent's (2 chain windows e
 # one slot variable per op and a chain of up to a few hundred collectives: above this the model
 # (and the per-chain-op dependency masks) outgrow a solve's polish share
 SPINE_MAX_OPS = 6_000
-MEMORY_TRIES = 3  # solves, each pinning the ops of the slots the last one's order peaked over the budget in
+CUT_ROUNDS = 8  # solves, each after cutting the peaks of the last one's order
+CUTS_PER_SLOT = 3  # the highest ops of a slot that peaked, each cut where it sits
+# a collective of the chain's group off the chain at least this share of the chain's longest is
+# held in its slot, and the chain windows queued behind it must cover its runtime too
+HELD_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -102,9 +108,8 @@ def spine_of(problem: ScheduleProblem, sched: Schedule) -> Spine | None:
 class SpineModel:
     """The slot model of one incumbent (see the module doc): variables / constraints / objective."""
 
-    def __init__(self, problem: ScheduleProblem, sched: Schedule, spine: Spine, budget_bytes: int, radius: int,
-                 pinned: frozenset[int] = frozenset()):
-        self.problem, self.sched, self.spine, self.pinned = problem, sched, spine, pinned
+    def __init__(self, problem: ScheduleProblem, sched: Schedule, spine: Spine, budget_bytes: int, radius: int):
+        self.problem, self.sched, self.spine = problem, sched, spine
         self.budget, self.radius = budget_bytes, radius
         self.model = cp_model.CpModel()
         n = len(problem.ops)
@@ -114,11 +119,30 @@ class SpineModel:
         self.bounds = bounds  # incumbent positions of the chain ops, in order (each starts a slot)
         self.inc = np.searchsorted(bounds, self.pos, side="right")  # each op's incumbent slot
         self.fixed = {i: 2 * t + 1 for t, i in enumerate(spine.issue)} | {i: 2 * t + 2 for t, i in enumerate(spine.wait)}
+        # an op's place inside its slot, as decoded: a chain op first, the rest in the incumbent's order
+        self.rank = self.pos + np.where(np.isin(np.arange(n), list(self.fixed)), 0, n)
+        self.held = self._held()
+        self.runtime = sim_tables(problem).runtime
+        self.compute_ops = [j for j in range(n) if self.runtime[j] > 0 and j not in self.fixed]  # what fills windows
+        self.storages = self._lifetimes()
         self.slot: list[object] = []  # per op: an int (fixed) or an IntVar
         self.dom: list[tuple[int, int]] = []
         self.cover: list[cp_model.IntVar] = []
         self.moves: list[cp_model.IntVar] = []
+        self.solved: list[int] | None = None
         self._ge: dict[tuple[int, int], tuple[object, object]] = {}
+        self._cuts: dict[tuple[int, int], int] = {}
+
+    def _held(self) -> tuple[int, ...]:
+        """Lone collectives of the chain's group off the chain, at least HELD_SHARE of its longest."""
+        p, chain = self.problem, set(self.spine.chain)
+        groups = Counter(p.op_by_name[c].collective.group for c in self.spine.chain)  # type: ignore[union-attr]
+        group = groups.most_common(1)[0][0]
+        longest = max(p.op_by_name[c].runtime_ns for c in chain)
+        bucketed = {m for b in self.sched.buckets for m in b}
+        return tuple(p.index[c.name] for c in p.collectives
+                     if c.name not in chain and c.name not in bucketed and c.collective.group == group  # type: ignore[union-attr]
+                     and c.runtime_ns >= HELD_SHARE * longest)
 
     def build(self) -> cp_model.CpModel:
         self.variables()
@@ -126,12 +150,15 @@ class SpineModel:
         self.bucket_order()
         self.memory()
         self.windows()
+        self.queues()
+        self.stall_cap()
         self.objective()
         return self.model
 
     # ------------------------------------------------------------------ variables
     def variables(self) -> None:
-        """Each op's slot: inside what its dependencies on the chain allow, within ``radius``."""
+        """Each op's slot: inside what its dependencies on the chain allow, within ``radius`` (a
+        held collective keeps its own)."""
         p, sp, n = self.problem, self.spine, len(self.problem.ops)
         lo, hi = np.zeros(n, dtype=np.int64), np.full(n, sp.n_slots - 1, dtype=np.int64)
         for t, (i, w) in enumerate(zip(sp.issue, sp.wait)):
@@ -144,7 +171,7 @@ class SpineModel:
                 self.slot.append(self.fixed[j])
                 self.dom.append((self.fixed[j], self.fixed[j]))
                 continue
-            r = 0 if j in self.pinned else self.radius
+            r = 0 if j in self.held else self.radius
             a, b = max(int(lo[j]), int(self.inc[j]) - r), min(int(hi[j]), int(self.inc[j]) + r)
             assert a <= self.inc[j] <= b, p.ops[j].name  # the incumbent is valid
             self.slot.append(a if a == b else self.model.NewIntVar(a, b, f"slot_{j}"))
@@ -172,77 +199,111 @@ class SpineModel:
                     self.model.Add(self.slot[p.index[wait_of[x]]] >= self.slot[p.index[y]])  # type: ignore[operator]
 
     def memory(self) -> None:
-        """At each chain op (the start of slot ``b``), the storages live across it (allocated in
-        an earlier slot, read in this one or later) at most the incumbent's bytes there plus the
-        incumbent's headroom under the budget over the slots on both sides."""
-        p, m, n_b = self.problem, self.model, self.spine.n_slots - 1
-        _, curve = memory_curve(p, self.sched)
-        curve_arr = np.asarray(curve, dtype=np.int64)
-        ends = np.append(self.bounds, len(curve_arr))
-        starts = np.insert(self.bounds, 0, 0)
-        per_slot = [int(curve_arr[a:e].max()) if e > a else 0 for a, e in zip(starts, ends)]
-        live_at: list[list[tuple[int, object]]] = [[] for _ in range(n_b + 1)]  # per boundary b >= 1
-        inc_live = np.zeros(n_b + 1, dtype=np.int64)
-        for s, (alloc, last, size) in enumerate(self._lifetimes()):
-            if size == 0:
-                continue
-            (alo, ahi), (llo, lhi), (ai, li) = alloc[0], last[0], (alloc[1], last[1])
-            for b in range(max(1, alo + 1), min(n_b, lhi) + 1):  # alloc <= b - 1 and last >= b possible
-                if ai <= b - 1 and li >= b:
-                    inc_live[b] += size
-                early = True if ahi <= b - 1 else self._at_most(alloc[2], b - 1)
-                late = True if llo >= b else self._at_least(last[2], b)
-                if early is True and late is True:
-                    live_at[b].append((size, 1))
-                    continue
-                live = m.NewBoolVar(f"live_{s}_{b}")
-                m.AddBoolOr([lit.Not() for lit in (early, late) if lit is not True] + [live])
-                live_at[b].append((size, live))
-        for b in range(1, n_b + 1):
-            cap = int(inc_live[b]) + max(0, self.budget - max(per_slot[b - 1], per_slot[b]))
-            terms = live_at[b]
-            if terms and sum(size for size, _ in terms) > cap:
-                m.Add(sum(size * lit for size, lit in terms) <= cap)  # type: ignore[misc]
+        """The bytes live at each chain op at most the budget (:meth:`cut`); the other ops' peaks
+        are cut as decoded orders show them (:meth:`cut_peaks`)."""
+        for j, s in self.fixed.items():
+            self.cut(j, s)
 
-    def _lifetimes(self):
-        """Per storage: ((domain, incumbent slot, expr) of its allocating slot, the same of its last
-        reader's slot, size). A collective's reads and outputs count at its wait (it holds its
-        inputs and outputs until then); inputs are allocated in slot 0; never-freed storages and
-        unread ones end in the last slot and their allocator's."""
-        p, last_slot = self.problem, self.spine.n_slots - 1
+    def _lifetimes(self) -> list[tuple[int | None, tuple[int, ...] | None, int]]:
+        """Per storage with bytes: (its allocating op, None for an input; the ops whose place ends
+        its life, None if it is never freed; its size). A collective's reads and outputs count at
+        its wait (it holds its inputs and outputs until then); an unread storage lives at its
+        allocator alone; an input no op reads is never live (the simulator's accounting)."""
+        p = self.problem
         wait_of, index = p.wait_of, p.index
-        readers: dict[str, list[int]] = {}
+        readers: dict[str, set[int]] = {}
         alloc_of: dict[str, int] = {}
         for j, op in enumerate(p.ops):
             at = index[wait_of[op.name]] if op.kind is OpKind.COLLECTIVE else j
             for s in op.uses:
-                readers.setdefault(s, []).append(at)
+                readers.setdefault(s, set()).add(at)
             for s in op.allocates:
                 alloc_of[s] = j
                 if op.kind is OpKind.COLLECTIVE:
-                    readers.setdefault(s, []).append(at)
-        out = []
+                    readers.setdefault(s, set()).add(at)
+        out: list[tuple[int | None, tuple[int, ...] | None, int]] = []
         for st in p.storages:
             a = alloc_of.get(st.name)
-            alloc = ((0, 0), 0, 0) if a is None else (self.dom[a], int(self.inc[a]), self.slot[a])
-            if st.never_freed:
-                last = ((last_slot, last_slot), last_slot, last_slot)
-            else:
-                rs = readers.get(st.name, []) or ([a] if a is not None else [])
-                if not rs:
-                    last = ((0, 0), 0, 0)
-                else:
-                    dom = (max(self.dom[r][0] for r in rs), max(self.dom[r][1] for r in rs))
-                    inc = max(int(self.inc[r]) for r in rs)
-                    exprs = [self.slot[r] for r in rs]
-                    if dom[0] == dom[1]:
-                        expr: object = dom[0]
-                    else:
-                        expr = self.model.NewIntVar(dom[0], dom[1], f"last_{st.name}")
-                        self.model.AddMaxEquality(expr, exprs)
-                    last = (dom, inc, expr)
-            out.append((alloc, last, st.size_bytes))
+            rs = tuple(sorted(readers.get(st.name, ()))) or ((a,) if a is not None else ())
+            if st.size_bytes and (rs or st.never_freed):
+                out.append((a, None if st.never_freed else rs, st.size_bytes))
         return out
+
+    def _at_or_before(self, x: int, o: int, s: int):
+        """Whether ``x`` runs no later than ``o`` placed in slot ``s``: True, False or a literal."""
+        v = s if self.rank[x] <= self.rank[o] else s - 1
+        a, b = self.dom[x]
+        return True if b <= v else False if a > v else self._at_most(self.slot[x], v)
+
+    def _at_or_after(self, x: int, o: int, s: int):
+        """Whether ``x`` runs no earlier than ``o`` placed in slot ``s``: True, False or a literal."""
+        v = s if self.rank[x] >= self.rank[o] else s + 1
+        a, b = self.dom[x]
+        return True if a >= v else False if b < v else self._at_least(self.slot[x], v)
+
+    def cut(self, o: int, s: int, extra: int = 0) -> bool:
+        """Bound the bytes live at op ``o`` to the budget whenever ``o`` sits in slot ``s`` (exact
+        for lone collectives and plain ops; ``extra``: bytes it misses, a bucket's flat buffers).
+        False if already cut there with as much."""
+        if self._cuts.get((o, s), -1) >= extra:
+            return False
+        self._cuts[(o, s)] = extra
+        m, const, terms = self.model, extra, []
+        for a, rs, size in self.storages:
+            born = True if a is None else self._at_or_before(a, o, s)
+            if born is False:
+                continue
+            ends: list[object] = []
+            read_after = rs is None  # never freed
+            for r in rs or ():
+                lit = self._at_or_after(r, o, s)
+                if lit is True:
+                    read_after = True
+                    break
+                if lit is not False:
+                    ends.append(lit)
+            if read_after:
+                ends = [True]
+            if not ends:
+                continue
+            if born is True and read_after:
+                const += size
+                continue
+            live = m.NewBoolVar("")  # forced on by its allocator before o and a reader after
+            for lit in ends:
+                m.AddBoolOr([x.Not() for x in (born, lit) if x is not True] + [live])
+            terms.append(size * live)
+        if not terms and const <= self.budget:
+            return True
+        ct = m.Add(sum(terms) + const <= self.budget)  # type: ignore[misc]
+        a, b = self.dom[o]
+        ct.OnlyEnforceIf([lit for lit in (self._at_least(self.slot[o], s) if a < s else None,
+                                          self._at_most(self.slot[o], s) if b > s else None) if lit is not None])
+        return True
+
+    def live_bytes(self, o: int, slot: list[int]) -> int:
+        """The bytes :meth:`cut` counts at ``o`` under the slots ``slot``."""
+        s, ro, total = slot[o], self.rank[o], 0
+        for a, rs, size in self.storages:
+            if a is not None and not (slot[a] < s or (slot[a] == s and self.rank[a] <= ro)):
+                continue
+            if rs is None or any(slot[r] > s or (slot[r] == s and self.rank[r] >= ro) for r in rs):
+                total += size
+        return total
+
+    def cut_peaks(self, sched: Schedule, curve: np.ndarray) -> int:
+        """Cuts at the CUTS_PER_SLOT highest ops of every slot where ``sched`` (the last decode)
+        peaks over the budget, each where it sits; how many were new."""
+        assert self.solved is not None
+        p, peaks = self.problem, {}
+        for q in np.flatnonzero(curve > self.budget).tolist():
+            peaks.setdefault(self.solved[p.index[sched.order[q]]], []).append(q)
+        added = 0
+        for s, qs in peaks.items():
+            for q in sorted(qs, key=lambda q: -curve[q])[:CUTS_PER_SLOT]:
+                o = p.index[sched.order[q]]
+                added += self.cut(o, s, max(0, int(curve[q]) - self.live_bytes(o, self.solved)))
+        return added
 
     def _at_most(self, expr: object, v: int):
         """The literal ``expr <= v`` (one per variable and value)."""
@@ -258,27 +319,81 @@ class SpineModel:
             self._ge[key] = (expr, lit)  # keeps expr alive, so its id stays its own
         return self._ge[key][1]
 
+    def _in_range(self, j: int, lo: int, hi: int):
+        """Whether op ``j``'s slot is in [lo, hi]: True, False or a literal (implied one way only:
+        for sums that must reach a demand)."""
+        a, b = self.dom[j]
+        if b < lo or a > hi or lo > hi:
+            return False
+        if lo <= a and b <= hi:
+            return True
+        inside = self.model.NewBoolVar("")
+        if a < lo:
+            self.model.AddImplication(inside, self._at_least(self.slot[j], lo))
+        if b > hi:
+            self.model.AddImplication(inside, self._at_most(self.slot[j], hi))
+        return inside
+
+    def _compute(self, lits: list[tuple[int, object]]) -> tuple[int, list]:
+        """(constant, terms) of the runtime summed over (op, True or literal) pairs."""
+        const, terms = 0, []
+        for j, lit in lits:
+            if lit is True:
+                const += int(self.runtime[j])
+            elif lit is not False:
+                terms.append(int(self.runtime[j]) * lit)
+        return const, terms
+
     def windows(self) -> None:
-        """A chain window is covered when the compute placed in it lasts its collective's runtime."""
+        """A chain window is covered when the compute placed in it lasts its collective's runtime;
+        its deficit is at least what that compute misses."""
         p, m = self.problem, self.model
-        runtime = sim_tables(p).runtime
-        fill: list[list[tuple[int, object]]] = [[] for _ in self.spine.chain]
-        for j in range(len(p.ops)):
-            if runtime[j] <= 0 or j in self.fixed:
-                continue
-            a, b = self.dom[j]
-            for s in range(a | 1, b + 1, 2):  # the odd slots are windows
-                if a == b:
-                    fill[s // 2].append((int(runtime[j]), 1))
-                    continue
-                inside = m.NewBoolVar(f"in_{j}_{s}")
-                m.Add(self.slot[j] == s).OnlyEnforceIf(inside)  # type: ignore[arg-type]
-                fill[s // 2].append((int(runtime[j]), inside))
+        self._needs, self._deficits, self._incumbent_fill = [], [], []
         for t, name in enumerate(self.spine.chain):
+            s, need = 2 * t + 1, p.op_by_name[name].runtime_ns
+            ops = self.compute_ops
+            const, terms = self._compute([(j, self._in_range(j, s, s)) for j in ops])
             cov = m.NewBoolVar(f"cover_{t}")
-            need = p.op_by_name[name].runtime_ns
-            m.Add(sum(w * lit for w, lit in fill[t]) >= need).OnlyEnforceIf(cov)  # type: ignore[misc]
+            m.Add(sum(terms) + const >= need).OnlyEnforceIf(cov)  # type: ignore[misc]
+            deficit = m.NewIntVar(0, need, f"deficit_{t}")
+            m.Add(deficit + sum(terms) + const >= need)  # type: ignore[misc]
             self.cover.append(cov)
+            self._needs.append(need)
+            self._deficits.append(deficit)
+            self._incumbent_fill.append(int(sum(self.runtime[j] for j in ops if self.inc[j] == s)))
+
+    def queues(self) -> None:
+        """Each held collective keeps the compute before it to the incumbent's (its queue starts
+        no later), and a chain window behind it in the queue is covered only when the compute
+        from the held collective's issue to the chain collective's wait lasts both runtimes and
+        those of the chain collectives between (while an op's radius can still reach it)."""
+        p, m, chain = self.problem, self.model, self.spine.chain
+        for x in self.held:
+            sx = self.dom[x][0]
+            const, terms = self._compute([(j, self._at_or_before(j, x, sx)) for j in self.compute_ops if j != x])
+            was = int(sum(self.runtime[j] for j in self.compute_ops if self.pos[j] < self.pos[x]))
+            m.Add(sum(terms) + const <= was)  # type: ignore[misc]
+            demand = p.ops[x].runtime_ns
+            for t, name in enumerate(chain):
+                s = 2 * t + 1
+                if s < sx:
+                    continue
+                if s > sx + 2 * self.radius + 2:
+                    break
+                demand += p.op_by_name[name].runtime_ns
+                const, terms = self._compute([(j, self._in_range(j, sx if self.rank[j] > self.rank[x] else sx + 1, s))
+                                              for j in self.compute_ops if j != x])
+                if const >= demand:
+                    break
+                m.Add(sum(terms) + const >= demand).OnlyEnforceIf(self.cover[t])  # type: ignore[misc]
+
+    def stall_cap(self) -> None:
+        """The chain windows' deficits (their collectives' runtime the compute in them misses) sum
+        to no more than the incumbent's: compute moved to cover one window is not taken from
+        another that then stalls longer (on the tp backward: from the last window, whose all-reduce
+        then ends the step later)."""
+        was = sum(max(0, need - f) for need, f in zip(self._needs, self._incumbent_fill))
+        self.model.Add(sum(self._deficits) <= was)  # type: ignore[misc]
 
     # ------------------------------------------------------------------ objective
     def objective(self) -> None:
@@ -294,20 +409,12 @@ class SpineModel:
         weight = self.radius * len(self.moves) + 1
         m.Minimize(weight * sum(1 - c for c in self.cover) + sum(self.moves))
 
-    def moved_across(self, sched: Schedule, positions: np.ndarray) -> frozenset[int]:
-        """The ops whose move (incumbent slot to decoded slot, ``sched`` the last decode) reached or
-        crossed a slot that holds one of these positions."""
-        p = self.problem
-        slots = {self.solved[p.index[sched.order[int(q)]]] for q in positions}
-        return frozenset(j for j, (a, b) in enumerate(zip(self.inc.tolist(), self.solved))
-                         if a != b and any(min(a, b) <= v <= max(a, b) for v in slots))
-
     def decode(self, solver: cp_model.CpSolver) -> Schedule:
         """Slot by slot; a chain op first in its slot, the rest in the incumbent's order."""
         p = self.problem
         slot = [v if isinstance(v, int) else solver.Value(v) for v in self.slot]
         self.solved = slot
-        key = sorted(range(len(p.ops)), key=lambda j: (slot[j], j not in self.fixed, self.pos[j]))
+        key = sorted(range(len(p.ops)), key=lambda j: (slot[j], self.rank[j]))
         return Schedule(order=tuple(p.ops[j].name for j in key), buckets=self.sched.buckets,
                         multi_dtype=self.sched.multi_dtype)
 
@@ -316,9 +423,9 @@ def spine_fill(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, con
                time_s: float, radius: int = SPINE_RADIUS) -> Schedule | None:
     """``sched`` with compute reassigned to its chain's windows (see the module doc), or None: not
     free mode, too large a graph (SPINE_MAX_OPS), no chain, no chain collective stalled, no
-    answer within ``time_s``, or every one of the MEMORY_TRIES solves (sharing ``time_s``) peaked
+    answer within ``time_s``, or every one of the CUT_ROUNDS solves (sharing ``time_s``) peaked
     over ``budget_bytes`` (or ``sched``'s peak, if higher). On a wall clock ``time_s`` covers the
-    model builds too; in deterministic mode it is CP-SAT's deterministic time alone. The result is
+    model build too; in deterministic mode it is CP-SAT's deterministic time alone. The result is
     valid; its makespan is not checked (the caller polishes and compares)."""
     if config.mode != "free" or len(problem.ops) > SPINE_MAX_OPS or time_s <= 0:
         return None
@@ -329,27 +436,26 @@ def spine_fill(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, con
     chain = set(spine.chain)
     if not any(t.exposed_ns > 0 and t.members[0] in chain for t in res.collectives):
         return None
-    budget = max(budget_bytes, res.peak_memory_bytes)
-    pinned: frozenset[int] = frozenset()
-    end = time.perf_counter() + time_s  # on a wall clock, model builds count too (about 1 s at 2,400 ops)
-    for k in range(MEMORY_TRIES):
-        if not config.deterministic and time.perf_counter() >= end:
+    end = time.perf_counter() + time_s  # on a wall clock, the build counts too (about 1 s at 2,400 ops)
+    builder = SpineModel(problem, sched, spine, max(budget_bytes, res.peak_memory_bytes), radius)
+    builder.build()
+    used = 0.0  # deterministic seconds spent
+    for k in range(CUT_ROUNDS):
+        left = (time_s - used) if config.deterministic else (end - time.perf_counter())
+        share = left / min(3, CUT_ROUNDS - k)  # a third of what is left; every round is hinted the incumbent (valid under every cut)
+        if share <= 0:
             return None
-        builder = SpineModel(problem, sched, spine, budget, radius, pinned)
-        builder.build()
-        left = time_s / MEMORY_TRIES if config.deterministic else (end - time.perf_counter()) / (MEMORY_TRIES - k)
-        if left <= 0:
-            return None
-        solver = make_solver(config, left, lns=True)
+        solver = make_solver(config, share, lns=True)
         if solver.Solve(builder.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
+        used += solver.deterministic_time / config.deterministic_rate
         cand = builder.decode(solver)
-        over = np.flatnonzero(np.asarray(memory_curve(problem, cand)[1]) > budget)
-        log.debug("spine_fill %s: %d-collective chain, %d of its windows uncovered, %d positions over budget",
-                  problem.name, len(spine.chain), sum(1 - solver.Value(c) for c in builder.cover), len(over))
-        if not len(over):
+        curve = np.asarray(memory_curve(problem, cand)[1])
+        log.debug("spine_fill %s: round %d, %d-collective chain, %d of its windows uncovered, %d positions over budget",
+                  problem.name, k, len(spine.chain), sum(1 - solver.Value(c) for c in builder.cover),
+                  int((curve > builder.budget).sum()))
+        if not (curve > builder.budget).any():
             return cand
-        # what moved across the slots that peaked goes back to the incumbent's slot; the next solve
-        # keeps everything else free
-        pinned |= builder.moved_across(cand, over)
+        if not builder.cut_peaks(cand, curve):
+            return None  # nothing new to cut: the model cannot see this peak
     return None

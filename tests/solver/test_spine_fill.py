@@ -13,6 +13,8 @@ from fxsched.solver import Schedule, check_schedule, simulate
 from fxsched.solver.cpsat import SolveConfig, Status, solve
 from fxsched.solver.cpsat_config import Result
 from fxsched.solver.spine_fill import spine_fill, spine_of
+from ortools.sat.python import cp_model
+from fxsched.solver.cpsat_config import make_solver
 
 from tests.solver.solver_builders import AG, coll, compute, make_problem, storage, wait
 
@@ -143,12 +145,13 @@ def test_a_wall_clock_fill_stops_at_its_time(monkeypatch) -> None:
     assert spine_fill(p, Schedule.original(p), 10**9, wall, 50.0) is not None  # 10 s of 50: time left to solve
 
 
-def test_a_peak_inside_a_slot_sends_the_moved_ops_back(monkeypatch) -> None:
+def test_a_peak_inside_a_slot_is_cut_where_it_happened(monkeypatch) -> None:
     """x also needs a, so only b (10 ns) and d (20 ns) can fill c2's 30 ns window. d makes the
     temporary T (1000 B) that e (0 ns) frees at once, inside one slot, so no chain op sees it; but
     c2's window holds X (1000 B, from x to z): moved there, d peaks at 2000 B, over the 1000 B of
-    the given order. The second solve keeps what moved across that slot (b, d, e) where it was,
-    which leaves the given order (1 of 2 hidden, within the budget); with one solve there is none."""
+    the given order. The second round cuts the bytes live at d in that slot, so d stays out of it;
+    b alone cannot cover c2, and the fewest moves leave the given order (1 of 2 hidden, within
+    the budget). With one round there is no order within the budget."""
     import fxsched.solver.spine_fill as sf
 
     p = make_problem([
@@ -161,7 +164,117 @@ def test_a_peak_inside_a_slot_sends_the_moved_ops_back(monkeypatch) -> None:
     assert (simulate(p, base).peak_memory_bytes, simulate(p, base).n_hidden_hideable) == (1000, 1)
     out = spine_fill(p, base, 1000, FREE, 5.0)
     assert out is not None and out.order == base.order
-    monkeypatch.setattr(sf, "MEMORY_TRIES", 1)
+    monkeypatch.setattr(sf, "CUT_ROUNDS", 1)
     assert spine_fill(p, base, 1000, FREE, 5.0) is None
-    assert spine_fill(p, base, 2000, FREE, 5.0) is not None  # room for both: d moves, both hidden
-    assert simulate(p, spine_fill(p, base, 2000, FREE, 5.0)).n_hidden_hideable == 2
+    roomy = spine_fill(p, base, 2000, FREE, 5.0)  # room for both: d moves, both hidden
+    assert roomy is not None and simulate(p, roomy).n_hidden_hideable == 2
+
+
+def _lifetimes_problem():
+    """Every kind of lifetime the memory cuts count: a parameter (never freed) and an input read
+    by two ops, a collective's input and output (live to its wait), a temporary freed inside a
+    slot, a graph output, and a chain c1 -> x -> c2 for the slots."""
+    ops = [
+        coll("c1", "A", AG, runtime_ns=20, uses=["P"], allocates=["G1"]), compute("a", 20, uses=["I"], allocates=["A1"]),
+        compute("b", 10, deps=["a"], uses=["A1"], allocates=["B1"]), compute("d", 20, allocates=["D1"]),
+        compute("e", 0, deps=["d"], uses=["D1"]), wait("w1", "c1"),
+        compute("x", 10, deps=["w1"], uses=["G1", "I"], allocates=["X"]),
+        coll("c2", "A", AG, runtime_ns=30, deps=["x"], uses=["X"], allocates=["G2"]), wait("w2", "c2"),
+        compute("z", 5, deps=["w2", "b"], uses=["G2", "B1"], allocates=["Z"]),
+    ]
+    return make_problem(ops, [storage("P", 100, param=True), storage("I", 50, inp=True), storage("G1", 64),
+                              storage("A1", 30), storage("B1", 40), storage("D1", 25), storage("X", 70),
+                              storage("G2", 80), storage("Z", 10, keep=True)], groups=("A",))
+
+
+def _random_order(p, rng) -> Schedule:
+    """A uniformly drawn ready op at each step: a valid order."""
+    deps = {op.name: set(op.deps) for op in p.ops}
+    done: list[str] = []
+    while len(done) < len(p.ops):
+        ready = sorted(n for n, d in deps.items() if n not in done and d <= set(done))
+        done.append(ready[rng.randrange(len(ready))])
+    return Schedule(order=tuple(done))
+
+
+def test_the_memory_cut_counts_what_the_simulator_counts() -> None:
+    """At every op of 30 random valid orders, the bytes a cut counts (``live_bytes`` with each op
+    in its own slot) equal the simulator's memory curve there."""
+    import random
+
+    import numpy as np
+    from fxsched.solver.simulator import memory_curve
+    from fxsched.solver.spine_fill import SpineModel
+
+    p, rng = _lifetimes_problem(), random.Random(0)
+    for _ in range(30):
+        order = _random_order(p, rng)
+        spine = spine_of(p, order)
+        assert spine is not None and spine.chain == ("c1", "c2")
+        model = SpineModel(p, order, spine, 10**9, 4)
+        model.build()
+        curve = memory_curve(p, order)[1]
+        slots = [int(s) for s in model.inc]
+        assert [model.live_bytes(p.index[n], slots) for n in order.order] == curve
+        assert max(curve) == int(np.max(curve)) > 0
+
+
+def _queued(group: str):
+    """A chain c1 (20 ns) -> x (10 ns) -> c2 (30 ns) on group A; L (40 ns, on ``group``) off the
+    chain, issued after x; the filler f (30 ns) in c1's window."""
+    return make_problem([
+        coll("c1", "A", AG, runtime_ns=20), compute("f", 30), wait("w1", "c1"), compute("x", 10, deps=["w1"]),
+        coll("L", group, AG, runtime_ns=40), coll("c2", "A", AG, runtime_ns=30, deps=["x"]), wait("w2", "c2"),
+        wait("wL", "L"), compute("z", 5, deps=["w2"]),
+    ], groups=("A", "B"))
+
+
+@pytest.mark.parametrize(("group", "queued"), [("A", True), ("B", False)])
+def test_a_window_behind_a_held_collective_must_cover_its_queue(group: str, queued: bool) -> None:
+    """Move f into c2's window (c1, w1, x, L, c2, f, w2, wL, z). On group B, L does not delay c2:
+    c2 runs 20..50 beside f (20..50), and w2 at 50 finds it done. On group A (L is 40 ns, at least
+    half the chain's longest, so it is held), c2 queues behind L (20..60) and runs 60..90, and w2
+    at 50 stalls 40 ns: f (30 ns) covers c2's runtime but not L's too. The model's cover for c2,
+    with f forced there, agrees with the simulator in both cases."""
+    from fxsched.solver.spine_fill import SpineModel
+
+    p = _queued(group)
+    base = Schedule.original(p)
+    moved = Schedule(order=("c1", "w1", "x", "L", "c2", "f", "w2", "wL", "z"))
+    assert not check_schedule(p, moved)
+    c2 = next(t for t in simulate(p, moved).collectives if t.members == ("c2",))
+    assert (c2.exposed_ns > 0) is queued and (c2.exposed_ns == 40 if queued else True)
+    spine = spine_of(p, base)
+    assert spine is not None and spine.chain == ("c1", "c2")
+    model = SpineModel(p, base, spine, 10**9, 4)
+    assert (model.held == (p.index["L"],)) is queued
+    model.build()
+    model.model.Add(model.slot[p.index["f"]] == 3)  # type: ignore[arg-type]  # c2's window
+    model.model.Maximize(model.cover[1])
+    solver = make_solver(FREE, 5.0)
+    assert solver.Solve(model.model) == cp_model.OPTIMAL
+    assert solver.Value(model.cover[1]) == (0 if queued else 1)
+
+
+def test_the_fill_does_not_trade_one_stall_for_a_longer_one() -> None:
+    """A chain c1 (20 ns) -> x (0 ns) -> c2 (40 ns); b1 and b2 (5 ns each) run in c1's window, a
+    (30 ns) in c2's: c1 0..20 beside b1, b2 (0..10), w1 stalls 10; c2 20..60 beside a (20..50),
+    w2 stalls 10: 60 ns, neither hidden, the windows 10 + 10 ns short. Moving a to c1's window
+    (two slots) covers c1 but leaves c2's window empty, 40 ns short: c2 runs 40..80, 80 ns.
+    Moving b1 and b2 to c2's window (four slots) covers c2 and leaves c1's 20 ns short, as much
+    in all as before: c2 20..60 beside b1, b2, a (20..60), 60 ns with c2 hidden. Both hide one;
+    the fewest slots moved would take the first, the cap on the windows' deficits the second."""
+    p = make_problem([
+        coll("c1", "A", AG, runtime_ns=20), compute("b1", 5), compute("b2", 5), wait("w1", "c1"),
+        compute("x", 0, deps=["w1"]), coll("c2", "A", AG, runtime_ns=40, deps=["x"]), compute("a", 30),
+        wait("w2", "c2"),
+    ], groups=("A",))
+    base = Schedule.original(p)
+    r0 = simulate(p, base)
+    assert (r0.makespan_ns, r0.n_hidden_hideable) == (60, 0)
+    worse = simulate(p, Schedule(order=("c1", "b1", "b2", "a", "w1", "x", "c2", "w2")))
+    assert (worse.makespan_ns, worse.n_hidden_hideable) == (80, 1)
+    out = spine_fill(p, base, r0.peak_memory_bytes, FREE, 5.0)
+    assert out is not None and out.order == ("c1", "w1", "x", "c2", "b1", "b2", "a", "w2")
+    r = simulate(p, out)
+    assert (r.makespan_ns, r.n_hidden_hideable) == (60, 1)
