@@ -278,3 +278,65 @@ def test_the_fill_does_not_trade_one_stall_for_a_longer_one() -> None:
     assert out is not None and out.order == ("c1", "w1", "x", "c2", "b1", "b2", "a", "w2")
     r = simulate(p, out)
     assert (r.makespan_ns, r.n_hidden_hideable) == (60, 1)
+
+
+def test_solve_runs_the_fill_again_from_each_order_it_keeps(monkeypatch) -> None:
+    """The search (stubbed) returns the given order (95 ns, 1 hidden) and the spine fill (stubbed)
+    the optimum (65 ns, 2 hidden): the first round starts from the answer and is kept, the second
+    starts from the kept order, finds nothing better and ends the rounds. Deterministic time: each
+    round gets a quarter of the spine time (0.2 of 5 s: 0.25 s)."""
+    import fxsched.solver.cpsat as cpsat
+
+    p = _short_fillers()
+    base = Schedule.original(p)
+    best = spine_fill(p, base, 10**9, FREE, 5.0)
+    assert best is not None and simulate(p, best).n_hidden_hideable == 2
+    calls: list[tuple[tuple[str, ...], float]] = []
+
+    def searched(problem, *args, **kwargs) -> Result:
+        return Result(Status.FEASIBLE, 95, 65, 0.0, base, "cpsat", simulate(problem, base).peak_memory_bytes, 0)
+
+    def filled(problem, start, budget_bytes, config, time_s):
+        calls.append((start.order, time_s))
+        return best
+
+    monkeypatch.setattr(cpsat, "_solve", searched)
+    monkeypatch.setattr(cpsat, "spine_fill", filled)
+    r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
+    assert [order for order, _ in calls] == [base.order, best.order]
+    assert [t for _, t in calls] == pytest.approx([0.25, 0.25])
+    res = simulate(p, r.schedule)
+    assert (res.makespan_ns, res.n_hidden_hideable) == (65, 2)
+
+
+def test_the_rounds_go_on_from_an_order_that_hides_more_even_if_longer(monkeypatch) -> None:
+    """c1 (group A) and c2 (group B), 30 ns each, a (20 ns) and b (25 ns) independent of both.
+    The answer c1, a, w1, c2, b, w2: w1 stalls 10 ns, c2 runs 30..60 beside b (30..55), w2 stalls
+    5: 60 ns, none hidden. The first round (stubbed, the polish too) gives c1, a, b, w1, c2, w2:
+    c1 hidden, c2 30 ns exposed, 75 ns: more hidden but longer, so not kept, but the next round
+    starts from it and gives c1, c2, a, b, w1, w2: both hidden, 45 ns, kept; the third finds no
+    more than that and ends the rounds."""
+    import fxsched.solver.cpsat as cpsat
+
+    p = make_problem([coll("c1", "A", AG, runtime_ns=30), coll("c2", "B", AG, runtime_ns=30), compute("a", 20),
+                      compute("b", 25), wait("w1", "c1"), wait("w2", "c2"), compute("z", 0, deps=["w1", "w2"])])
+    answer = Schedule(order=("c1", "a", "w1", "c2", "b", "w2", "z"))
+    longer = Schedule(order=("c1", "a", "b", "w1", "c2", "w2", "z"))
+    best = Schedule(order=("c1", "c2", "a", "b", "w1", "w2", "z"))
+    metrics = [(simulate(p, s).makespan_ns, simulate(p, s).n_hidden_hideable) for s in (answer, longer, best)]
+    assert metrics == [(60, 0), (75, 1), (45, 2)]
+    starts: list[tuple[str, ...]] = []
+
+    def searched(problem, *args, **kwargs) -> Result:
+        return Result(Status.FEASIBLE, 60, 45, 0.0, answer, "cpsat", simulate(problem, answer).peak_memory_bytes, 0)
+
+    def filled(problem, start, budget_bytes, config, time_s):
+        starts.append(start.order)
+        return longer if len(starts) == 1 else best
+
+    monkeypatch.setattr(cpsat, "_solve", searched)
+    monkeypatch.setattr(cpsat, "_polished", lambda problem, sched, *args: sched)
+    monkeypatch.setattr(cpsat, "spine_fill", filled)
+    r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
+    assert starts == [answer.order, longer.order, best.order]
+    assert r.schedule.order == best.order and r.objective == 45
