@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,8 +131,11 @@ class SpineModel:
         self.cover: list[cp_model.IntVar] = []
         self.moves: list[cp_model.IntVar] = []
         self.solved: list[int] | None = None
-        self._ge: dict[tuple[int, int], tuple[object, object]] = {}
+        self._ge: dict[tuple[int, int], object] = {}
         self._cuts: dict[tuple[int, int], int] = {}
+        # every variable with its value under given slots: the hint is complete (CP-SAT starts from
+        # a solution instead of searching for one; a round that found none in its time ended the fill)
+        self._values: list[tuple[object, Callable[[list[int]], int]]] = []
 
     def _held(self) -> tuple[int, ...]:
         """Lone collectives of the chain's group off the chain, at least HELD_SHARE of its longest."""
@@ -144,6 +148,18 @@ class SpineModel:
                      if c.name not in chain and c.name not in bucketed and c.collective.group == group  # type: ignore[union-attr]
                      and c.runtime_ns >= HELD_SHARE * longest)
 
+    def _var(self, lo: int, hi: int, value: Callable[[list[int]], int]):
+        """A new variable (a literal when ``hi`` is 1) and its value under given slots, for :meth:`hint`."""
+        var = self.model.NewBoolVar("") if (lo, hi) == (0, 1) else self.model.NewIntVar(lo, hi, "")
+        self._values.append((var, value))
+        return var
+
+    def hint(self, slots: list[int]) -> None:
+        """Hint every variable with its value under ``slots`` (the incumbent's: valid under every cut)."""
+        self.model.ClearHints()
+        for var, value in self._values:
+            self.model.AddHint(var, value(slots))  # type: ignore[arg-type]
+
     def build(self) -> cp_model.CpModel:
         self.variables()
         self.dependencies()
@@ -153,6 +169,7 @@ class SpineModel:
         self.queues()
         self.stall_cap()
         self.objective()
+        self.hint([int(s) for s in self.inc])
         return self.model
 
     # ------------------------------------------------------------------ variables
@@ -174,7 +191,7 @@ class SpineModel:
             r = 0 if j in self.held else self.radius
             a, b = max(int(lo[j]), int(self.inc[j]) - r), min(int(hi[j]), int(self.inc[j]) + r)
             assert a <= self.inc[j] <= b, p.ops[j].name  # the incumbent is valid
-            self.slot.append(a if a == b else self.model.NewIntVar(a, b, f"slot_{j}"))
+            self.slot.append(a if a == b else self._var(a, b, lambda s, j=j: s[j]))
             self.dom.append((a, b))
 
     # ---------------------------------------------------------------- constraints
@@ -233,13 +250,13 @@ class SpineModel:
         """Whether ``x`` runs no later than ``o`` placed in slot ``s``: True, False or a literal."""
         v = s if self.rank[x] <= self.rank[o] else s - 1
         a, b = self.dom[x]
-        return True if b <= v else False if a > v else self._at_most(self.slot[x], v)
+        return True if b <= v else False if a > v else self._at_most(x, v)
 
     def _at_or_after(self, x: int, o: int, s: int):
         """Whether ``x`` runs no earlier than ``o`` placed in slot ``s``: True, False or a literal."""
         v = s if self.rank[x] >= self.rank[o] else s + 1
         a, b = self.dom[x]
-        return True if a >= v else False if b < v else self._at_least(self.slot[x], v)
+        return True if a >= v else False if b < v else self._at_least(x, v)
 
     def cut(self, o: int, s: int, extra: int = 0) -> bool:
         """Bound the bytes live at op ``o`` to the budget whenever ``o`` sits in slot ``s`` (exact
@@ -269,7 +286,8 @@ class SpineModel:
             if born is True and read_after:
                 const += size
                 continue
-            live = m.NewBoolVar("")  # forced on by its allocator before o and a reader after
+            # forced on by its allocator before o and a reader after
+            live = self._var(0, 1, lambda sl, a=a, rs=rs: int(self._live_at(a, rs, o, s, sl)))
             for lit in ends:
                 m.AddBoolOr([x.Not() for x in (born, lit) if x is not True] + [live])
             terms.append(size * live)
@@ -277,19 +295,21 @@ class SpineModel:
             return True
         ct = m.Add(sum(terms) + const <= self.budget)  # type: ignore[misc]
         a, b = self.dom[o]
-        ct.OnlyEnforceIf([lit for lit in (self._at_least(self.slot[o], s) if a < s else None,
-                                          self._at_most(self.slot[o], s) if b > s else None) if lit is not None])
+        ct.OnlyEnforceIf([lit for lit in (self._at_least(o, s) if a < s else None,
+                                          self._at_most(o, s) if b > s else None) if lit is not None])
         return True
+
+    def _live_at(self, a: int | None, rs: tuple[int, ...] | None, o: int, s: int, slot: list[int]) -> bool:
+        """Whether the storage made by ``a`` and last read by one of ``rs`` is live at ``o`` placed in
+        slot ``s``, the other ops in ``slot``."""
+        ro = self.rank[o]
+        if a is not None and not (slot[a] < s or (slot[a] == s and self.rank[a] <= ro)):
+            return False
+        return rs is None or any(slot[r] > s or (slot[r] == s and self.rank[r] >= ro) for r in rs)
 
     def live_bytes(self, o: int, slot: list[int]) -> int:
         """The bytes :meth:`cut` counts at ``o`` under the slots ``slot``."""
-        s, ro, total = slot[o], self.rank[o], 0
-        for a, rs, size in self.storages:
-            if a is not None and not (slot[a] < s or (slot[a] == s and self.rank[a] <= ro)):
-                continue
-            if rs is None or any(slot[r] > s or (slot[r] == s and self.rank[r] >= ro) for r in rs):
-                total += size
-        return total
+        return sum(size for a, rs, size in self.storages if self._live_at(a, rs, o, slot[o], slot))
 
     def cut_peaks(self, sched: Schedule, curve: np.ndarray) -> int:
         """Cuts at the CUTS_PER_SLOT highest ops of every slot where ``sched`` (the last decode)
@@ -305,19 +325,18 @@ class SpineModel:
                 added += self.cut(o, s, max(0, int(curve[q]) - self.live_bytes(o, self.solved)))
         return added
 
-    def _at_most(self, expr: object, v: int):
-        """The literal ``expr <= v`` (one per variable and value)."""
-        return self._at_least(expr, v + 1).Not()
+    def _at_most(self, j: int, v: int):
+        """The literal ``slot[j] <= v`` (one per op and value)."""
+        return self._at_least(j, v + 1).Not()
 
-    def _at_least(self, expr: object, v: int):
-        """The literal ``expr >= v`` (one per variable and value)."""
-        key = (id(expr), v)
-        if key not in self._ge:
-            lit = self.model.NewBoolVar("")
-            self.model.Add(expr >= v).OnlyEnforceIf(lit)  # type: ignore[operator]
-            self.model.Add(expr < v).OnlyEnforceIf(lit.Not())  # type: ignore[operator]
-            self._ge[key] = (expr, lit)  # keeps expr alive, so its id stays its own
-        return self._ge[key][1]
+    def _at_least(self, j: int, v: int):
+        """The literal ``slot[j] >= v`` (one per op and value)."""
+        if (j, v) not in self._ge:
+            lit = self._var(0, 1, lambda s: int(s[j] >= v))
+            self.model.Add(self.slot[j] >= v).OnlyEnforceIf(lit)  # type: ignore[operator]
+            self.model.Add(self.slot[j] < v).OnlyEnforceIf(lit.Not())  # type: ignore[operator]
+            self._ge[(j, v)] = lit
+        return self._ge[(j, v)]
 
     def _in_range(self, j: int, lo: int, hi: int):
         """Whether op ``j``'s slot is in [lo, hi]: True, False or a literal (implied one way only:
@@ -327,11 +346,11 @@ class SpineModel:
             return False
         if lo <= a and b <= hi:
             return True
-        inside = self.model.NewBoolVar("")
+        inside = self._var(0, 1, lambda s: int(lo <= s[j] <= hi))
         if a < lo:
-            self.model.AddImplication(inside, self._at_least(self.slot[j], lo))
+            self.model.AddImplication(inside, self._at_least(j, lo))
         if b > hi:
-            self.model.AddImplication(inside, self._at_most(self.slot[j], hi))
+            self.model.AddImplication(inside, self._at_most(j, hi))
         return inside
 
     def _compute(self, lits: list[tuple[int, object]]) -> tuple[int, list]:
@@ -353,9 +372,13 @@ class SpineModel:
             s, need = 2 * t + 1, p.op_by_name[name].runtime_ns
             ops = self.compute_ops
             const, terms = self._compute([(j, self._in_range(j, s, s)) for j in ops])
-            cov = m.NewBoolVar(f"cover_{t}")
+            def fill(sl: list[int], s: int = s, ops: list[int] = ops) -> int:
+                return int(sum(self.runtime[j] for j in ops if sl[j] == s))
+
+            # hinted uncovered: always valid (a queue may ask more of a cover than its window, :meth:`queues`)
+            cov = self._var(0, 1, lambda sl: 0)
             m.Add(sum(terms) + const >= need).OnlyEnforceIf(cov)  # type: ignore[misc]
-            deficit = m.NewIntVar(0, need, f"deficit_{t}")
+            deficit = self._var(0, need, lambda sl, need=need, fill=fill: max(0, need - fill(sl)))
             m.Add(deficit + sum(terms) + const >= need)  # type: ignore[misc]
             self.cover.append(cov)
             self._needs.append(need)
@@ -402,10 +425,9 @@ class SpineModel:
         for j, v in enumerate(self.slot):
             if isinstance(v, int):
                 continue
-            d = m.NewIntVar(0, self.radius, f"move_{j}")
+            d = self._var(0, self.radius, lambda s, j=j: abs(s[j] - int(self.inc[j])))
             m.AddAbsEquality(d, v - int(self.inc[j]))  # type: ignore[operator]
             self.moves.append(d)
-            m.AddHint(v, int(self.inc[j]))  # type: ignore[arg-type]
         weight = self.radius * len(self.moves) + 1
         m.Minimize(weight * sum(1 - c for c in self.cover) + sum(self.moves))
 

@@ -340,3 +340,25 @@ def test_the_rounds_go_on_from_an_order_that_hides_more_even_if_longer(monkeypat
     r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
     assert starts == [answer.order, longer.order, best.order]
     assert r.schedule.order == best.order and r.objective == 45
+
+
+@pytest.mark.parametrize("which", ["lifetimes", "queued", "memory"])
+def test_the_hint_is_a_whole_solution(which: str) -> None:
+    """Every variable of the model is hinted with its value under the incumbent's slots, and those
+    values together satisfy it (CP-SAT with every variable fixed to its hint finds it feasible),
+    with a cut at every op in its own slot too: the rounds start from a solution."""
+    from fxsched.solver.spine_fill import SpineModel
+
+    p = {"lifetimes": _lifetimes_problem, "queued": lambda: _queued("A"),
+         "memory": lambda: _short_fillers(memory=True)}[which]()
+    base = Schedule.original(p)
+    model = SpineModel(p, base, spine_of(p, base), simulate(p, base).peak_memory_bytes, 4)
+    model.build()
+    for j in range(len(p.ops)):
+        model.cut(j, int(model.inc[j]))
+    model.hint([int(s) for s in model.inc])
+    proto = model.model.Proto()
+    assert len(proto.solution_hint.vars) == len(proto.variables) > 0
+    solver = make_solver(FREE, 5.0)
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    assert solver.Solve(model.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
