@@ -145,11 +145,10 @@ def _spine_rounds(problem: ScheduleProblem, answer: Schedule, polished: Schedule
     fill, each polished, that hides more at no longer makespan (:func:`_more_hidden`). Each round
     starts from the last round's polished order (the first from the search's answer) while that
     hid more than its own start, kept or not: on the tp_2x4 backward, 30 s rounds from a 60 s
-    answer (185 of 198 hidden, 31,192.6 us) hid 187 at 31,178.9 us, 190 at 31,168.9 us, then 193
-    at 31,253.2 us (longer: not kept), and a 120 s solve's first round hid 189 at 3.5 us longer
-    than its answer's 185. On a wall clock each round gets what is left up to ``end`` (the fill
-    returns once an order fits the budget: about 20 s of 30 there); in deterministic time
-    (``end`` None) ``spine_s / SPINE_ROUNDS``."""
+    answer (185 of 198 hidden, 31,192.6 us) hid 189 at 31,167.5 us, 191 at 31,147.0 us, then 193
+    at 31,282.6 us (longer: not kept). On a wall clock each round gets what is left up to
+    ``end`` (the fill returns once an order fits the budget: about 20 s of 30 there); in
+    deterministic time (``end`` None) ``spine_s / SPINE_ROUNDS``."""
     best, start, hidden = polished, answer, simulate(problem, polished).n_hidden_hideable
     for _ in range(SPINE_ROUNDS):
         share = spine_s / SPINE_ROUNDS if end is None else end - time.perf_counter()
