@@ -111,7 +111,7 @@ def solve(
         sched = _polished(problem, res.schedule, config, tries, deadline)
         if spine_s:  # deterministic solves give it deterministic time on top of the search's
             end = None if deadline is None else min(time.perf_counter() + spine_s, deadline - POLISH_SHARE * time_budget_s)
-            sched = _spine_rounds(problem, res.schedule, sched, res.budget_bytes, config, tries, deadline, spine_s, end)
+            sched = _spine_rounds(problem, sched, res.budget_bytes, config, tries, deadline, spine_s, end)
     if sched is res.schedule:
         return dataclasses.replace(res, runtime=time.perf_counter() - t0)
     r = simulate(problem, sched)  # the makespan may have dropped (compute pulled into stalls), or grown by the slack
@@ -138,18 +138,20 @@ def _polished(problem: ScheduleProblem, sched: Schedule, config: SolveConfig, tr
                             keep_compute_order=fixed)
 
 
-def _spine_rounds(problem: ScheduleProblem, answer: Schedule, polished: Schedule, budget_bytes: int,
-                  config: SolveConfig, tries: int, deadline: float | None, spine_s: float,
-                  end: float | None) -> Schedule:
+def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: int, config: SolveConfig,
+                  tries: int, deadline: float | None, spine_s: float, end: float | None) -> Schedule:
     """``polished`` (the answer's polish), or the best of up to SPINE_ROUNDS rounds of the spine
     fill, each polished, that hides more at no longer makespan (:func:`_more_hidden`). Each round
-    starts from the last round's polished order (the first from the search's answer) while that
-    hid more than its own start, kept or not: on the tp_2x4 backward, 30 s rounds from a 60 s
-    answer (185 of 198 hidden, 31,192.6 us) hid 189 at 31,167.5 us, 191 at 31,147.0 us, then 193
-    at 31,282.6 us (longer: not kept). On a wall clock each round gets what is left up to
-    ``end`` (the fill returns once an order fits the budget: about 20 s of 30 there); in
-    deterministic time (``end`` None) ``spine_s / SPINE_ROUNDS``."""
-    best, start, hidden = polished, answer, simulate(problem, polished).n_hidden_hideable
+    starts from the last round's polished order (the first from ``polished``) while that hid more
+    than its own start, kept or not: on the tp_2x4 backward, 30 s rounds from a 60 s answer (185
+    of 198 hidden, 31,192.6 us) hid 189 at 31,167.5 us, 191 at 31,147.0 us, then 193 at
+    31,282.6 us (longer: not kept); a 120 s solve with ``spine_share=0.25`` kept 191 at
+    31,171.0 us over its polished answer's 185 at 31,192.6 us (started from the unpolished
+    answer, five such solves kept at most 185 at 3.3 us less: their rounds came out 1.7 to 735 us
+    longer, or hid fewer). On a wall clock each round gets what is left up to ``end`` (the fill
+    returns once an order fits the budget: about 20 s of 30 there); in deterministic time
+    (``end`` None) ``spine_s / SPINE_ROUNDS``."""
+    best, start, hidden = polished, polished, simulate(problem, polished).n_hidden_hideable
     for _ in range(SPINE_ROUNDS):
         share = spine_s / SPINE_ROUNDS if end is None else end - time.perf_counter()
         if share <= 0:

@@ -282,9 +282,9 @@ def test_the_fill_does_not_trade_one_stall_for_a_longer_one() -> None:
 
 def test_solve_runs_the_fill_again_from_each_order_it_keeps(monkeypatch) -> None:
     """The search (stubbed) returns the given order (95 ns, 1 hidden) and the spine fill (stubbed)
-    the optimum (65 ns, 2 hidden): the first round starts from the answer and is kept, the second
-    starts from the kept order, finds nothing better and ends the rounds. Deterministic time: each
-    round gets a quarter of the spine time (0.2 of 5 s: 0.25 s)."""
+    the optimum (65 ns, 2 hidden): the first round starts from the answer's polish and is kept,
+    the second starts from the kept order, finds nothing better and ends the rounds.
+    Deterministic time: each round gets a quarter of the spine time (0.2 of 5 s: 0.25 s)."""
     import fxsched.solver.cpsat as cpsat
 
     p = _short_fillers()
@@ -301,9 +301,10 @@ def test_solve_runs_the_fill_again_from_each_order_it_keeps(monkeypatch) -> None
         return best
 
     monkeypatch.setattr(cpsat, "_solve", searched)
+    polished = solve(p, 5, FREE).schedule  # the answer's polish: where the rounds start
     monkeypatch.setattr(cpsat, "spine_fill", filled)
     r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
-    assert [order for order, _ in calls] == [base.order, best.order]
+    assert [order for order, _ in calls] == [polished.order, best.order]
     assert [t for _, t in calls] == pytest.approx([0.25, 0.25])
     res = simulate(p, r.schedule)
     assert (res.makespan_ns, res.n_hidden_hideable) == (65, 2)
@@ -311,7 +312,7 @@ def test_solve_runs_the_fill_again_from_each_order_it_keeps(monkeypatch) -> None
 
 def test_the_rounds_go_on_from_an_order_that_hides_more_even_if_longer(monkeypatch) -> None:
     """c1 (group A) and c2 (group B), 30 ns each, a (20 ns) and b (25 ns) independent of both.
-    The answer c1, a, w1, c2, b, w2: w1 stalls 10 ns, c2 runs 30..60 beside b (30..55), w2 stalls
+    The answer (its polish stubbed away) c1, a, w1, c2, b, w2: w1 stalls 10 ns, c2 runs 30..60 beside b (30..55), w2 stalls
     5: 60 ns, none hidden. The first round (stubbed, the polish too) gives c1, a, b, w1, c2, w2:
     c1 hidden, c2 30 ns exposed, 75 ns: more hidden but longer, so not kept, but the next round
     starts from it and gives c1, c2, a, b, w1, w2: both hidden, 45 ns, kept; the third finds no
