@@ -161,9 +161,10 @@ def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: in
             break
         cand = _polished(problem, spine, config, tries, deadline)
         best = _more_hidden(problem, best, cand)
-        if simulate(problem, cand).n_hidden_hideable <= hidden:
+        cand_hidden = simulate(problem, cand).n_hidden_hideable
+        if cand_hidden <= hidden:
             break  # no more hidden than where it started: the rounds have run dry
-        start, hidden = cand, simulate(problem, cand).n_hidden_hideable
+        start, hidden = cand, cand_hidden
     return best
 
 

@@ -118,8 +118,8 @@ class SpineModel:
         n = len(problem.ops)
         self.pos = np.empty(n, dtype=np.int64)
         self.pos[[problem.index[name] for name in sched.order]] = np.arange(n)
+        # incumbent positions of the chain ops, in order (each starts a slot)
         bounds = np.array([self.pos[i] for pair in zip(spine.issue, spine.wait) for i in pair])
-        self.bounds = bounds  # incumbent positions of the chain ops, in order (each starts a slot)
         self.inc = np.searchsorted(bounds, self.pos, side="right")  # each op's incumbent slot
         self.fixed = {i: 2 * t + 1 for t, i in enumerate(spine.issue)} | {i: 2 * t + 2 for t, i in enumerate(spine.wait)}
         # an op's place inside its slot, as decoded: a chain op first, the rest in the incumbent's order
@@ -369,7 +369,7 @@ class SpineModel:
         """A chain window is covered when the compute placed in it lasts its collective's runtime;
         its deficit is at least what that compute misses."""
         p, m = self.problem, self.model
-        self._needs, self._deficits, self._incumbent_fill = [], [], []
+        self._deficits: list[tuple[object, Callable[[list[int]], int]]] = []  # (variable, its value)
         for t, name in enumerate(self.spine.chain):
             s, need = 2 * t + 1, p.op_by_name[name].runtime_ns
             ops = self.compute_ops
@@ -380,12 +380,13 @@ class SpineModel:
             # hinted uncovered: always valid (a queue may ask more of a cover than its window, :meth:`queues`)
             cov = self._var(0, 1, lambda sl: 0)
             m.Add(sum(terms) + const >= need).OnlyEnforceIf(cov)  # type: ignore[misc]
-            deficit = self._var(0, need, lambda sl, need=need, fill=fill: max(0, need - fill(sl)))
+            def shortfall(sl: list[int], need: int = need, fill=fill) -> int:
+                return max(0, need - fill(sl))
+
+            deficit = self._var(0, need, shortfall)
             m.Add(deficit + sum(terms) + const >= need)  # type: ignore[misc]
             self.cover.append(cov)
-            self._needs.append(need)
-            self._deficits.append(deficit)
-            self._incumbent_fill.append(int(sum(self.runtime[j] for j in ops if self.inc[j] == s)))
+            self._deficits.append((deficit, shortfall))
 
     def queues(self) -> None:
         """Each held collective keeps the compute before it to the incumbent's (its queue starts
@@ -417,8 +418,9 @@ class SpineModel:
         to no more than the incumbent's: compute moved to cover one window is not taken from
         another that then stalls longer (on the tp backward: from the last window, whose all-reduce
         then ends the step later)."""
-        was = sum(max(0, need - f) for need, f in zip(self._needs, self._incumbent_fill))
-        self.model.Add(sum(self._deficits) <= was)  # type: ignore[misc]
+        inc = [int(s) for s in self.inc]
+        was = sum(shortfall(inc) for _, shortfall in self._deficits)
+        self.model.Add(sum(d for d, _ in self._deficits) <= was)  # type: ignore[misc]
 
     # ------------------------------------------------------------------ objective
     def objective(self) -> None:
