@@ -34,6 +34,7 @@ from ortools.sat.python import cp_model
 
 from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.hide import hide_collectives
+from ..heuristics.split_buckets import split_buckets
 from .bounds import makespan_lower_bound
 from .cpsat_config import (
     Progress,
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 POLISH_SHARE = 0.04  # of a wall-clock budget, kept for the final polish (about 2.4 s of a 60 s solve)
 SPINE_ROUNDS = 4  # spine fills at most, each from the last one kept
 HIDE_EVALS = 8000  # candidates the final count-first search scores (fewer on larger graphs: size_scale)
+SPLIT_TRIES = 8  # bucket splits the polish then tries, each polished by SPLIT_HIDE_EVALS candidates (size_scale)
+SPLIT_HIDE_EVALS = 400
 
 def solve(
     problem: ScheduleProblem,
@@ -80,14 +83,16 @@ def solve(
     objective updated when the makespan drops; ``model_objective`` stays CP-SAT's own); last,
     more collectives are hidden by single moves ranked by that count first
     (:func:`..heuristics.hide.hide_collectives`; peak no higher, makespan at most
-    ``config.hide_slack`` above the answer's; a longer one is no longer proven optimal). Both take
-    fewer tries on larger graphs and, on a wall clock, the last 4% of the budget. A search that
-    ran past the whole budget leaves only the runs' reorder (one simulation), and that only
-    within another 4% of the budget. With ``config.spine_share`` (free mode) that share of the
-    budget then goes to :func:`.spine_fill.spine_fill`, which reassigns compute to the windows
-    of the answer's longest collective chain at once; polished the same way, its order is kept
-    when it hides more at no longer makespan, within the memory budget, and the fill runs again
-    from it (:func:`_spine_rounds`).
+    ``config.hide_slack`` above the answer's; a longer one is no longer proven optimal), and
+    buckets are split where that hides more of their members within the same caps
+    (:func:`..heuristics.split_buckets.split_buckets`). They take fewer tries on larger graphs
+    and, on a wall clock, the last 4% of the budget. A search that ran past the whole budget
+    leaves only the runs' reorder (one simulation), and that only within another 4% of the budget.
+    With ``config.spine_share`` (free mode) that share of the budget then goes to
+    :func:`.spine_fill.spine_fill`, which reassigns compute to the windows of the answer's longest
+    collective chain at once; polished the same way, its order is kept when it hides more at no
+    longer makespan, within the memory budget, and the fill runs again from it
+    (:func:`_spine_rounds`).
     """
     t0 = time.perf_counter()
     # on a wall clock the search leaves the last 4% of the budget to the polish (and the spine
@@ -129,13 +134,16 @@ def solve(
 
 def _polished(problem: ScheduleProblem, sched: Schedule, config: SolveConfig, tries: int,
               deadline: float | None) -> Schedule:
-    """The final polish: stalls concentrated, then more collectives hidden (see :func:`solve`)."""
+    """The final polish: stalls concentrated, then more collectives hidden, then buckets split where
+    that hides more (see :func:`solve`)."""
     fixed = config.mode == "fixed"
     sched = concentrate_stalls(problem, sched, max_tries=tries, deadline=deadline, keep_heavy_order=fixed)
-    cap = int(simulate(problem, sched).makespan_ns * (1 + config.hide_slack)) if config.hide_slack else None
-    return hide_collectives(problem, sched, max_makespan_ns=cap,  # None: the answer's own makespan
-                            max_evals=max(64, int(HIDE_EVALS * size_scale(problem))), deadline=deadline,
-                            keep_compute_order=fixed)
+    cap = int(simulate(problem, sched).makespan_ns * (1 + config.hide_slack))  # no slack: the answer's own
+    sched = hide_collectives(problem, sched, max_makespan_ns=cap, max_evals=max(64, int(HIDE_EVALS * size_scale(problem))),
+                             deadline=deadline, keep_compute_order=fixed)
+    return split_buckets(problem, sched, max_makespan_ns=cap, max_tries=max(2, int(SPLIT_TRIES * size_scale(problem))),
+                         hide_evals=max(64, int(SPLIT_HIDE_EVALS * size_scale(problem))), deadline=deadline,
+                         keep_compute_order=fixed)
 
 
 def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: int, config: SolveConfig,

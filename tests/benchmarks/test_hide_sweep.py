@@ -36,3 +36,17 @@ def test_spine_rows_follow_the_answer_rows() -> None:
         (False, 0.0, 95, 1), (False, 0.05, 95, 1), (True, 0.0, 65, 2), (True, 0.05, 65, 2)]
     text = "\n".join(table(p, rows))
     assert "| spine fill, 0.0% | 0.1 | 0.0 | 2/2 | 100.0% |" in text
+
+
+def test_a_slack_splits_a_bucket_and_the_members_column_counts_it() -> None:
+    """tests/heuristics/test_split_buckets.py's ``_early_and_late``: bucketed, 240 ns with both
+    members exposed; split, 250 ns with c2 hidden (the most any schedule hides within 250 ns,
+    the oracle there). At 4% (249.6 ns) the bucket stays; at 5% (252 ns) it is split."""
+    from tests.heuristics.test_split_buckets import _early_and_late
+
+    p, bucketed = _early_and_late()
+    rows = sweep(p, bucketed, [0.0, 0.04, 0.05])
+    assert [(r.result.makespan_ns, r.result.n_hidden_hideable, r.result.n_hideable,
+             r.result.n_hidden_hideable_members) for r in rows] == [(240, 0, 1, 0), (240, 0, 1, 0), (250, 1, 2, 1)]
+    text = "\n".join(table(p, rows))
+    assert "| 0.0% | 0.2 | 0.0 | 0/1 | 0.0% | 0/2 |" in text and "| 5.0% | 0.2 | 0.1 | 1/2 | 50.0% | 1/2 |" in text
