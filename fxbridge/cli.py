@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..solver.cpsat import Progress, SolveConfig, Status, solve
+from ..solver.cpsat_config import SPINE_RADIUS
 from ..solver.fingerprint import METADATA_KEY, is_fingerprint, recorded_fingerprint
+from ..solver.problem import ScheduleProblem
+from ..solver.schedule import Schedule, check_schedule
 from ..solver.serialization import load_problem, load_schedule, save_problem, save_schedule
 from ..solver.simulator import simulate
 from .report import Row, fmt_mib, fmt_us, graph_summary, original_row, rows_table, scheduler_rows
@@ -201,6 +204,27 @@ def _spine_share(text: str) -> float:
     return _share(text, 0.5, closed=False)
 
 
+def _radius(text: str) -> int:
+    """--spine-radius: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _hint(problem: ScheduleProblem, path: str) -> Schedule:
+    """--hint: a schedule file for ``problem``, checked (the first violation names the op)."""
+    hint = load_schedule(path)
+    bad = check_schedule(problem, hint)
+    if bad:
+        raise CliError(f"--hint {path}: not a valid schedule of {problem.name}: {bad[0]} "
+                       f"({len(bad)} violation(s))")
+    return hint
+
+
 def _budget(value: str | None) -> int | float | None:
     """--memory-budget: a ratio of the original peak (e.g. 1.1) or bytes (an integer >= 1024)."""
     if value is None:
@@ -229,7 +253,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         raise CliError(f"--fingerprint {fp!r}: expected 64 lowercase hex digits")
     config = SolveConfig(mode=args.mode, workers=args.workers, seed=args.seed, deterministic=args.deterministic,
                          memory_budget=args.memory_budget, processes=args.processes, hide_slack=args.hide_slack,
-                         spine_share=args.spine_share)
+                         spine_share=args.spine_share, spine_radius=args.spine_radius)
+    hint = _hint(problem, args.hint) if args.hint else None
     base = simulate(problem)
     clock = "deterministic time units" if args.deterministic else "s wall clock"
     print(f"solving {problem.name}: {len(problem.ops)} ops, {len(problem.collectives)} collectives; original "
@@ -237,7 +262,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
           f"{clock}, {args.workers} worker(s), {args.processes} process(es), seed {args.seed}", file=sys.stderr)
     line = ProgressLine(sys.stderr)
     try:
-        res = solve(problem, args.time_limit, config, progress=line)
+        res = solve(problem, args.time_limit, config, hint=hint, progress=line)
     finally:
         line.close()
     sim = simulate(problem, res.schedule)
@@ -378,6 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spine-share", type=_spine_share, default=0.0,
                    help="free mode: share of the budget for the spine fill, which moves compute into the windows of "
                         "the longest collective chain at once, e.g. 0.25 (default: %(default)s, off)")
+    p.add_argument("--spine-radius", type=_radius, default=SPINE_RADIUS,
+                   help="slots an op may move in the spine fill; wider lets compute cascade across more windows "
+                        "(default: %(default)s)")
+    p.add_argument("--hint", default=None,
+                   help="schedule file to start the search from instead of the warm start (a longer offline solve "
+                        "continued from an earlier one's schedule)")
     p.add_argument("-o", "--output", default=None, help="schedule file to write")
     p.add_argument("--cache-dir", default=None, help="install the schedule into this cache under the problem's fingerprint")
     p.add_argument("--fingerprint", default=None, help="cache key to use instead of the one the problem file records")

@@ -159,17 +159,17 @@ def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: in
     longer, or hid fewer). On a wall clock each round gets what is left up to ``end`` (the fill
     returns once an order fits the budget: about 20 s of 30 there); in deterministic time
     (``end`` None) ``spine_s / SPINE_ROUNDS``."""
-    best, start, hidden = polished, polished, simulate(problem, polished).n_hidden_hideable
+    best, start, hidden = polished, polished, simulate(problem, polished).n_hidden_hideable_members
     for _ in range(SPINE_ROUNDS):
         share = spine_s / SPINE_ROUNDS if end is None else end - time.perf_counter()
         if share <= 0:
             break
-        spine = spine_fill(problem, start, budget_bytes, config, share)
+        spine = spine_fill(problem, start, budget_bytes, config, share, radius=config.spine_radius)
         if spine is None:
             break
         cand = _polished(problem, spine, config, tries, deadline)
         best = _more_hidden(problem, best, cand)
-        cand_hidden = simulate(problem, cand).n_hidden_hideable
+        cand_hidden = simulate(problem, cand).n_hidden_hideable_members
         if cand_hidden <= hidden:
             break  # no more hidden than where it started: the rounds have run dry
         start, hidden = cand, cand_hidden
@@ -177,12 +177,15 @@ def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: in
 
 
 def _more_hidden(problem: ScheduleProblem, sched: Schedule, other: Schedule) -> Schedule:
-    """``other`` when it hides more hideable collectives than ``sched`` at no longer makespan (or as
-    many in less), else ``sched``; both within the memory budget (the spine fill checks its own)."""
+    """``other`` when it hides more hideable collectives than ``sched`` (bucket members counted, as
+    the polish's bucket splits do) at no longer makespan (or as many in less), else ``sched``; both
+    within the memory budget (the spine fill checks its own)."""
     a, b = simulate(problem, sched), simulate(problem, other)
-    better = b.makespan_ns <= a.makespan_ns and (b.n_hidden_hideable, -b.makespan_ns) > (a.n_hidden_hideable, -a.makespan_ns)
-    log.info("solve %s: spine fill %d hidden at %d ns, against %d at %d ns: %s", problem.name, b.n_hidden_hideable,
-             b.makespan_ns, a.n_hidden_hideable, a.makespan_ns, "kept" if better else "dropped")
+    better = b.makespan_ns <= a.makespan_ns and (b.n_hidden_hideable_members, -b.makespan_ns) > (
+        a.n_hidden_hideable_members, -a.makespan_ns)
+    log.info("solve %s: spine fill %d hidden at %d ns, against %d at %d ns: %s", problem.name,
+             b.n_hidden_hideable_members, b.makespan_ns, a.n_hidden_hideable_members, a.makespan_ns,
+             "kept" if better else "dropped")
     return other if better else sched
 
 

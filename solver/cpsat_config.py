@@ -34,6 +34,9 @@ class Status(str, Enum):
     INFEASIBLE = "infeasible"  # nothing fits the memory budget; see min_feasible_budget_bytes
 
 
+SPINE_RADIUS = 4  # SolveConfig.spine_radius's default (solver/spine_fill.py)
+
+
 @dataclass(frozen=True)
 class Progress:
     """What a progress callback sees at each improving CP-SAT solution."""
@@ -73,6 +76,9 @@ class SolveConfig:
     # reassigns compute to the windows of the longest collective chain at once; its answer,
     # polished, is kept when it hides more at no longer makespan within the memory budget (0: off)
     spine_share: float = 0.0
+    # slots an op may move from the incumbent's in the spine fill (two chain windows each way at 4);
+    # wider lets weight gradients cascade across more windows, in a larger model
+    spine_radius: int = SPINE_RADIUS
     peak_phase_fraction: float = 0.2
     max_order_literals: int = 40_000  # above this, neighbourhood rounds around the incumbent
     lns_rounds: int = 8  # deterministic mode: neighbourhood rounds on large graphs (each a window)
@@ -97,6 +103,8 @@ class SolveConfig:
             raise ValueError(f"SolveConfig.hide_slack must be a share in [0, 1], got {self.hide_slack!r}")
         if isinstance(self.spine_share, bool) or not 0.0 <= self.spine_share < 0.5:
             raise ValueError(f"SolveConfig.spine_share must be a share in [0, 0.5), got {self.spine_share!r}")
+        if isinstance(self.spine_radius, bool) or not isinstance(self.spine_radius, int) or self.spine_radius < 1:
+            raise ValueError(f"SolveConfig.spine_radius must be an integer >= 1, got {self.spine_radius!r}")
         b = self.memory_budget
         if b is not None and (isinstance(b, bool) or b <= 0):
             raise ValueError(f"SolveConfig.memory_budget must be > 0 bytes or a ratio > 0, got {b!r}")

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from .cpsat_config import SolveConfig, make_solver
+from .cpsat_config import SPINE_RADIUS, SolveConfig, make_solver
 from .problem import OpKind, ScheduleProblem, bit_mask
 from .schedule import Schedule
 from .sim_tables import sim_tables
@@ -57,7 +57,6 @@ from .simulator import memory_curve, simulate
 
 log = logging.getLogger(__name__)
 
-SPINE_RADIUS = 4  # slots an op may move from the incumbent's (2 chain windows each way)
 # one slot variable per op and a chain of up to a few hundred collectives: above this the model
 # (and the per-chain-op dependency masks) outgrow a solve's polish share
 SPINE_MAX_OPS = 6_000

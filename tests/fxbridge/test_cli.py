@@ -219,12 +219,13 @@ def test_cli_verbosity_counts() -> None:
     assert [build_parser().parse_args([*v, "simulate", "p.json"]).verbose for v in ([], ["-v"], ["-vv"])] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("value", ["-0.1", "2", "a lot"])
-def test_solve_hide_slack_must_be_a_share(exported, tmp_path, capsys, value):
+@pytest.mark.parametrize(("flag", "value"), [("--hide-slack", "-0.1"), ("--hide-slack", "2"), ("--hide-slack", "a lot"),
+                                           ("--spine-radius", "0"), ("--spine-radius", "-2"), ("--spine-radius", "wide")])
+def test_solve_refuses_a_slack_outside_its_share_or_a_radius_below_one(exported, tmp_path, capsys, flag, value):
     with pytest.raises(SystemExit) as exc:
-        main(["solve", str(exported), "--hide-slack", value, "-o", str(tmp_path / "s.json")])
+        main(["solve", str(exported), flag, value, "-o", str(tmp_path / "s.json")])
     assert exc.value.code == 2
-    assert "--hide-slack" in capsys.readouterr().err
+    assert flag in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value", ["-0.1", "0.5", "many"])
@@ -244,3 +245,36 @@ def test_solve_passes_the_spine_share(monkeypatch, exported, tmp_path):
     monkeypatch.setattr(cli, "solve", lambda p, t, config, **k: seen.append(config.spine_share) or real(p, t, config, **k))
     main(["solve", str(exported), "--mode", "free", "--spine-share", "0.25", "--time-limit", "1", "-o", str(tmp_path / "s.json")])
     assert seen == [0.25]
+
+
+def test_solve_starts_from_the_hint_with_the_spine_radius(monkeypatch, exported, tmp_path):
+    """``--hint``: the schedule file reaches ``solve`` as its hint; ``--spine-radius`` its config."""
+    import fxsched.fxbridge.cli as cli
+    from fxsched.solver import Schedule
+    from fxsched.solver.serialization import load_problem, save_schedule
+
+    problem = load_problem(exported)
+    hint_file = tmp_path / "hint.json"
+    save_schedule(Schedule.original(problem), hint_file, problem.name)
+    seen = []
+    real = cli.solve
+    monkeypatch.setattr(cli, "solve", lambda p, t, config, **k: seen.append((config.spine_radius, k["hint"]))
+                        or real(p, t, config, **k))
+    main(["solve", str(exported), "--mode", "free", "--hint", str(hint_file), "--spine-radius", "8",
+          "--time-limit", "1", "-o", str(tmp_path / "s.json")])
+    assert seen == [(8, Schedule.original(problem))]
+
+
+def test_solve_rejects_a_hint_that_is_no_schedule_of_the_problem(exported, tmp_path, capsys):
+    """A hint in reverse program order: the error names the flag, the file and the first violation."""
+    from fxsched.solver import Schedule
+    from fxsched.solver.serialization import load_problem, save_schedule
+
+    problem = load_problem(exported)
+    hint_file = tmp_path / "reversed.json"
+    save_schedule(Schedule(tuple(reversed(Schedule.original(problem).order))), hint_file, problem.name)
+    assert main(["solve", str(exported), "--hint", str(hint_file), "-o", str(tmp_path / "s.json")]) != 0
+    err = capsys.readouterr().err
+    assert f"--hint {hint_file}: not a valid schedule of {problem.name}: wait_before_collective: 'wait_tensor_" in err
+    assert "violation(s)" in err
+    assert not (tmp_path / "s.json").exists()

@@ -102,6 +102,9 @@ def test_config_checks_the_share() -> None:
         SolveConfig(spine_share=0.5)
     with pytest.raises(ValueError, match="spine_share"):
         SolveConfig(spine_share=True)
+    for radius in (0, True, 2.5):
+        with pytest.raises(ValueError, match="spine_radius"):
+            SolveConfig(spine_radius=radius)
 
 
 @pytest.mark.parametrize(("share", "hidden", "makespan"), [(0.2, 2, 65), (0.0, 1, 95)])
@@ -295,16 +298,17 @@ def test_solve_runs_the_fill_again_from_each_order_it_keeps(monkeypatch) -> None
     def searched(problem, *args, **kwargs) -> Result:
         return Result(Status.FEASIBLE, 95, 65, 0.0, base, "cpsat", simulate(problem, base).peak_memory_bytes, 0)
 
-    def filled(problem, start, budget_bytes, config, time_s):
-        calls.append((start.order, time_s))
+    def filled(problem, start, budget_bytes, config, time_s, radius):
+        calls.append((start.order, time_s, radius))
         return best
 
     monkeypatch.setattr(cpsat, "_solve", searched)
     polished = solve(p, 5, FREE).schedule  # the answer's polish: where the rounds start
     monkeypatch.setattr(cpsat, "spine_fill", filled)
-    r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
-    assert [order for order, _ in calls] == [polished.order, best.order]
-    assert [t for _, t in calls] == pytest.approx([0.25, 0.25])
+    r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2, spine_radius=7))
+    assert [order for order, _, _ in calls] == [polished.order, best.order]
+    assert [t for _, t, _ in calls] == pytest.approx([0.25, 0.25])
+    assert [radius for _, _, radius in calls] == [7, 7]  # SolveConfig.spine_radius reaches the fill
     res = simulate(p, r.schedule)
     assert (res.makespan_ns, res.n_hidden_hideable) == (65, 2)
 
@@ -331,7 +335,7 @@ def test_the_rounds_go_on_from_an_order_that_hides_more_even_if_longer(monkeypat
     def searched(problem, *args, **kwargs) -> Result:
         return Result(Status.FEASIBLE, 60, 45, 0.0, answer, "cpsat", simulate(problem, answer).peak_memory_bytes, 0)
 
-    def filled(problem, start, budget_bytes, config, time_s):
+    def filled(problem, start, budget_bytes, config, time_s, radius):
         starts.append(start)
         return longer if len(starts) == 1 else best
 

@@ -1,0 +1,54 @@
+"""More spine-fill rounds on a saved schedule (benchmarks/spine_rounds.py): a round is kept only
+when it hides at least as many within the cap and the original order's peak."""
+
+from __future__ import annotations
+
+import pytest
+from fxsched.benchmarks import spine_rounds
+from fxsched.solver import Schedule, check_schedule, simulate
+from fxsched.solver.cpsat import SolveConfig
+from fxsched.solver.serialization import save_problem, save_schedule
+
+from tests.solver.test_spine_fill import _short_fillers
+
+FREE = SolveConfig(mode="free")
+
+
+def test_a_round_that_hides_more_is_kept_and_written(tmp_path, capsys) -> None:
+    """tests/solver/test_spine_fill.py's chain: the given order (95 ns) hides 1 of 2; one round
+    of the fill and the polish reach 65 ns with both hidden (total compute: the optimum)."""
+    p = _short_fillers()
+    save_problem(p, tmp_path / "p.json")
+    save_schedule(Schedule.original(p), tmp_path / "s.json", p.name)
+    assert spine_rounds.main([str(tmp_path / "p.json"), str(tmp_path / "s.json"), "--rounds", "1", "--round-s", "5",
+                              "--radius", "4", "--cap", "0", "-o", str(tmp_path / "out.json")]) == 0
+    out = capsys.readouterr().out
+    assert "start: 1/2 hidden at 0.1 us" in out and "round 0: 2/2 hidden at 0.1 us: kept" in out
+    from fxsched.solver.serialization import load_schedule
+    written = load_schedule(tmp_path / "out.json")
+    assert not check_schedule(p, written)
+    r = simulate(p, written)
+    assert (r.makespan_ns, r.n_hidden_hideable_members) == (65, 2)
+
+
+def test_a_round_past_the_cap_or_hiding_fewer_is_dropped(monkeypatch) -> None:
+    """The fill and the polish (stubbed) return the given order (95 ns, 1 hidden), then c1, w1,
+    a, b, d, x, c2, w2, z: w1 stalls 20 and w2 30, 115 ns, none hidden. With cap 0 the first is
+    kept (as many hidden, no longer), the second dropped (longer, fewer): the start remains."""
+    p = _short_fillers()
+    base = Schedule.original(p)
+    worse = Schedule(("c1", "w1", "a", "b", "d", "x", "c2", "w2", "z"))
+    assert (simulate(p, worse).makespan_ns, simulate(p, worse).n_hidden_hideable_members) == (115, 0)
+    outs = iter([base, worse])
+    monkeypatch.setattr(spine_rounds, "spine_fill", lambda *a, **k: next(outs))
+    monkeypatch.setattr(spine_rounds, "_polished", lambda problem, sched, *a: sched)
+    cur, lines = spine_rounds.rounds(p, base, 2, 1.0, 4, 0.0, FREE)
+    assert cur is base
+    assert lines == ["round 0: 1/2 hidden at 0.1 us: kept", "round 1: 0/2 hidden at 0.1 us: dropped"]
+
+
+@pytest.mark.parametrize("flag", [["--rounds", "0"], ["--radius", "0"], ["--round-s", "0"], ["--cap", "2"]])
+def test_bad_arguments_are_refused(tmp_path, flag) -> None:
+    with pytest.raises(SystemExit) as exc:
+        spine_rounds.main(["p.json", "s.json", *flag, "-o", str(tmp_path / "o.json")])
+    assert exc.value.code == 2
