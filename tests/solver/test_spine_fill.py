@@ -372,3 +372,35 @@ def test_the_hint_is_a_whole_solution(which: str) -> None:
     solver = make_solver(FREE, 5.0)
     solver.parameters.fix_variables_to_their_hinted_value = True
     assert solver.Solve(model.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
+def test_the_rounds_go_on_from_a_tie_in_another_order(monkeypatch) -> None:
+    """``_short_fillers``: the answer (95 ns, 1 of 2 hidden, its polish stubbed to the same order).
+    The first round (stubbed) gives a and b swapped: the same 95 ns and 1 hidden, another order;
+    the rounds go on from it, and the second gives c1, d, w1, x, c2, a, b, w2, z: d fills c1's
+    window (0..20), a and b c2's (30..60), 65 ns with both hidden, kept; the third returns that
+    order again and ends the rounds."""
+    import fxsched.solver.cpsat as cpsat
+
+    p = _short_fillers()
+    answer = Schedule.original(p)
+    tie = Schedule(("c1", "b", "a", "d", "w1", "x", "c2", "w2", "z"))
+    best = Schedule(("c1", "d", "w1", "x", "c2", "a", "b", "w2", "z"))
+    assert [(simulate(p, s).makespan_ns, simulate(p, s).n_hidden_hideable) for s in (answer, tie, best)] == [
+        (95, 1), (95, 1), (65, 2)]
+    starts: list[Schedule] = []
+    fills = iter([tie, best, best])
+
+    def searched(problem, *args, **kwargs) -> Result:
+        return Result(Status.FEASIBLE, 95, 65, 0.0, answer, "cpsat", simulate(problem, answer).peak_memory_bytes, 0)
+
+    def filled(problem, start, budget_bytes, config, time_s, radius):
+        starts.append(start)
+        return next(fills)
+
+    monkeypatch.setattr(cpsat, "_solve", searched)
+    monkeypatch.setattr(cpsat, "_polished", lambda problem, sched, *args: dataclasses.replace(sched))
+    monkeypatch.setattr(cpsat, "spine_fill", filled)
+    r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
+    assert [s.order for s in starts] == [answer.order, tie.order, best.order]
+    assert r.schedule.order == best.order and r.objective == 65
