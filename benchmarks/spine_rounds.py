@@ -3,8 +3,9 @@
     python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 3 --round-s 60 \\
         --radius 8 --cap 0.01 --workers 2 -o out.json
 
-``solve``'s own spine rounds (``SolveConfig.spine_share``) stop once a round hides no more than
-where it started, and follow a search that ranks by makespan alone. Here each round runs
+``solve``'s own spine rounds (``SolveConfig.spine_share``) share the solve's budget with a search
+that ranks by makespan alone, stop at a round that hides fewer or returns the same order, and
+keep only what is no longer than the answer. Here each round runs
 :func:`..solver.spine_fill.spine_fill` on the current order for ``--round-s`` seconds (wall clock)
 with ``--radius``, then ``solve``'s final polish, and the result becomes the current order when it
 hides at least as many collectives (bucket members counted), within the memory budget (the
@@ -28,20 +29,19 @@ def rounds(problem, schedule: Schedule, n: int, round_s: float, radius: int, cap
     """The current order after ``n`` rounds (see the module doc), and one line per round."""
     budget = simulate(problem, Schedule.original(problem)).peak_memory_bytes
     cap = int(simulate(problem, schedule).makespan_ns * (1 + cap_share))
-    cur, lines = schedule, []
+    cur, hidden, lines = schedule, simulate(problem, schedule).n_hidden_hideable_members, []
     for k in range(n):
         out = spine_fill(problem, cur, budget, config, round_s, radius=radius)
         if out is None:
             lines.append(f"round {k}: no order")
             continue
         cand = _polished(problem, out, config, 64, None)
-        r, rc = simulate(problem, cand), simulate(problem, cur)
-        kept = (r.makespan_ns <= cap and r.peak_memory_bytes <= budget
-                and r.n_hidden_hideable_members >= rc.n_hidden_hideable_members)
+        r = simulate(problem, cand)
+        kept = r.makespan_ns <= cap and r.peak_memory_bytes <= budget and r.n_hidden_hideable_members >= hidden
         lines.append(f"round {k}: {r.n_hidden_hideable_members}/{r.n_hideable_members} hidden at "
                      f"{r.makespan_ns / 1e3:,.1f} us: {'kept' if kept else 'dropped'}")
         if kept:
-            cur = cand
+            cur, hidden = cand, r.n_hidden_hideable_members
     return cur, lines
 
 

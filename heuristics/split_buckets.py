@@ -74,8 +74,9 @@ def split_buckets(problem: ScheduleProblem, schedule: Schedule, *, max_makespan_
                   budget_bytes: int | None = None, max_tries: int | None = None, hide_evals: int = HIDE_EVALS,
                   deadline: float | None = None, keep_compute_order: bool = False) -> Schedule:
     """``schedule`` with buckets split where that hides more collectives (members counted), or as
-    many in a shorter makespan, no longer than ``max_makespan_ns`` (None: the input's makespan) and peaking no higher than
-    ``budget_bytes`` (None: the input's peak); the input itself when no split gains.
+    many in a shorter makespan, no longer than ``max_makespan_ns`` (None: the input's makespan)
+    and peaking no higher than ``budget_bytes`` (None: the input's peak); the input itself when
+    no split gains.
 
     ``max_tries`` (None: no bound) caps the splits polished, ``hide_evals`` each polish's
     candidates, both bounds on the work that do not depend on the machine; ``deadline`` (a
@@ -87,7 +88,8 @@ def split_buckets(problem: ScheduleProblem, schedule: Schedule, *, max_makespan_
     best, best_res, tries = schedule, res, 0
 
     def spent() -> bool:
-        return (max_tries is not None and tries >= max_tries) or (deadline is not None and time.perf_counter() >= deadline)
+        return ((max_tries is not None and tries >= max_tries)
+                or (deadline is not None and time.perf_counter() >= deadline))
 
     while best.buckets and not spent():
         found: tuple[Schedule, SimResult] | None = None

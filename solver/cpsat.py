@@ -34,6 +34,7 @@ from ortools.sat.python import cp_model
 
 from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.hide import hide_collectives
+from ..heuristics.split_buckets import HIDE_EVALS as SPLIT_HIDE_EVALS
 from ..heuristics.split_buckets import split_buckets
 from .bounds import makespan_lower_bound
 from .cpsat_config import (
@@ -64,8 +65,7 @@ log = logging.getLogger(__name__)
 POLISH_SHARE = 0.04  # of a wall-clock budget, kept for the final polish (about 2.4 s of a 60 s solve)
 SPINE_ROUNDS = 4  # spine fills at most, each from the last one kept
 HIDE_EVALS = 8000  # candidates the final count-first search scores (fewer on larger graphs: size_scale)
-SPLIT_TRIES = 8  # bucket splits the polish then tries, each polished by SPLIT_HIDE_EVALS candidates (size_scale)
-SPLIT_HIDE_EVALS = 400
+SPLIT_TRIES = 8  # bucket splits the polish then tries, each polished by its HIDE_EVALS candidates (size_scale)
 
 def solve(
     problem: ScheduleProblem,
@@ -139,8 +139,9 @@ def _polished(problem: ScheduleProblem, sched: Schedule, config: SolveConfig, tr
     fixed = config.mode == "fixed"
     sched = concentrate_stalls(problem, sched, max_tries=tries, deadline=deadline, keep_heavy_order=fixed)
     cap = int(simulate(problem, sched).makespan_ns * (1 + config.hide_slack))  # no slack: the answer's own
-    sched = hide_collectives(problem, sched, max_makespan_ns=cap, max_evals=max(64, int(HIDE_EVALS * size_scale(problem))),
-                             deadline=deadline, keep_compute_order=fixed)
+    sched = hide_collectives(problem, sched, max_makespan_ns=cap,
+                             max_evals=max(64, int(HIDE_EVALS * size_scale(problem))), deadline=deadline,
+                             keep_compute_order=fixed)
     return split_buckets(problem, sched, max_makespan_ns=cap, max_tries=max(2, int(SPLIT_TRIES * size_scale(problem))),
                          hide_evals=max(64, int(SPLIT_HIDE_EVALS * size_scale(problem))), deadline=deadline,
                          keep_compute_order=fixed)

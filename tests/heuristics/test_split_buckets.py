@@ -111,8 +111,10 @@ def test_splits_are_valid_and_the_pass_is_never_worse(problem) -> None:
             continue
         seen += 1
         for cand in splits(problem, sched):
-            assert not check_schedule(problem, cand)
-            assert len(cand.buckets) == len(sched.buckets) - 1 or sum(map(len, cand.buckets)) < sum(map(len, sched.buckets))
+            assert not check_schedule(problem, cand) and cand.order == sched.order
+            # a split: another bucketing, each new bucket part of one of the old ones
+            assert set(cand.buckets) != set(sched.buckets)
+            assert all(any(set(b) <= set(old) for old in sched.buckets) for b in cand.buckets)
         r0 = simulate(problem, sched)
         cap = r0.makespan_ns + 50
         out = split_buckets(problem, sched, max_makespan_ns=cap)
