@@ -26,6 +26,10 @@ candidates, the memory budget) and ``makespan_lower_bound`` with the solve's mem
 (valid for every schedule within it); other rows, which may exceed the budget (Inductor's
 default allows +5%), show ``makespan_lower_bound`` without a budget (valid for every schedule).
 
+With ``--offline-budget S``, a part whose summary row fails the 99% hidden target gets one more
+row: the offline recipe (:func:`.spine_rounds.offline`), a longer free-order solve and more spine
+rounds, as the offline solve step would run it; the summary gives its verdicts after the online row's.
+
 The section is written between ``<!-- compare:begin -->`` and ``<!-- compare:end -->`` of
 ``--out`` (replaced if present, appended if not); without ``--out`` it is printed.
 """
@@ -51,6 +55,8 @@ from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule
 from ..solver.simulator import SimResult, simulate
 from .sections import emit, replace_section, source_revision
+from .spine_rounds import (OFFLINE_CAP, OFFLINE_HIDE_SLACK, OFFLINE_RADIUS, OFFLINE_ROUND_S, OFFLINE_ROUNDS,
+                           OFFLINE_SPINE_SHARE, offline)
 from .inductor_adapter import (
     VARIANTS,
     InductorReport,
@@ -78,6 +84,7 @@ PATCH_NOTE = (
 CRITERION = "fxsched's exposed time at most half of Inductor's, or its makespan within 1% of the proven bound"
 PER_COLLECTIVE_ROWS = 12  # exposed collectives listed per graph part (the most exposed first)
 HIDDEN_TARGET = 0.99  # of the hideable collectives, where the bounds do not prove it out of reach
+OFFLINE = "offline"  # the offline solve's row label starts so (not "cpsat": the summary's row stays the online one)
 
 
 @dataclass(frozen=True)
@@ -142,12 +149,39 @@ class PartReport:
         return (f"**{self.problem.name}**: {fx_row.scheduler} exposed {fx_e / 1e3:,.1f} us / best Inductor "
                 f"({ind_row.scheduler}) {ind_e / 1e3:,.1f} us = **{ratio:.2f}x**; criterion {verdict} "
                 f"({'; '.join(why)}); peak vs original: fxsched {fx_row.result.peak_memory_bytes / base:.3f}, "
-                f"Inductor {ind_row.result.peak_memory_bytes / base:.3f}; {self.hidden_target(fx_row)}.")
+                f"Inductor {ind_row.result.peak_memory_bytes / base:.3f}; {self.hidden_target(fx_row)}"
+                + self._offline_clause() + ".")
+
+    def _offline_clause(self) -> str:
+        """The offline solve's row, when it ran: its exposed time against the best Inductor row's,
+        peak and the hidden target (``; offline ...``)."""
+        off, ind_row = self.offline_row(), self.best("inductor")
+        if off is None:
+            return ""
+        ratio = (f" = {off.result.exposed_ns / ind_row.result.exposed_ns:.2f}x Inductor's"
+                 if ind_row is not None and ind_row.result.exposed_ns else "")
+        base = self.rows[0].result.peak_memory_bytes or 1
+        return (f"; **{off.scheduler}** (the offline solve, where the {self.fxsched_row().scheduler} row "  # type: ignore[union-attr]
+                f"fails the hidden target): exposed {off.result.exposed_ns / 1e3:,.1f} us{ratio}, makespan "
+                f"{off.result.makespan_ns / 1e3:,.1f} us, peak vs original {off.result.peak_memory_bytes / base:.3f}, "
+                f"{self.hidden_target(off)}")
+
+    def offline_row(self) -> Row | None:
+        """The offline solve's row (``--offline-budget``), if it ran."""
+        return next((r for r in self.rows if r.scheduler.startswith(OFFLINE)), None)
 
     def hidden_target(self, row: Row) -> str:
-        """The "99% of hideable collectives hidden wherever the bound allows" check for ``row``.
+        """The "99% of hideable collectives hidden wherever the bound allows" check for ``row``:
+        what it counts, then the verdict (:meth:`hidden_verdict`)."""
+        return self._hidden(row)[0]
 
-        It is waived only where the bounds prove that more than 1% of the hideable collectives
+    def hidden_verdict(self, row: Row) -> str:
+        """``HOLDS``, ``FAILS``, ``not applicable`` (the bounds put 99% out of reach) or ``none``
+        (no hideable collectives) for ``row``."""
+        return self._hidden(row)[1]
+
+    def _hidden(self, row: Row) -> tuple[str, str]:
+        """It is waived only where the bounds prove that more than 1% of the hideable collectives
         are exposed in every schedule: ``forced_exposed`` of them (:func:`.bounds.forced_exposed`),
         or at least one where every collective is hideable and the makespan bound proves exposed
         time. The share is taken of the unbucketed graph's hideable collectives, the most any
@@ -157,7 +191,7 @@ class PartReport:
         """
         hid, able = row.result.n_hidden_hideable, row.result.n_hideable
         if able == 0:
-            return "no hideable collectives"
+            return "no hideable collectives", "none"
         over = row.result.n_overlapped_hideable
         text = (f"hidden {hid}/{able} hideable ({hid / able:.1%}; in Inductor's sense, not fully exposed: "
                 f"{over}/{able}, {over / able:.1%})")
@@ -171,9 +205,9 @@ class PartReport:
         most = base.n_hideable
         if most - proven < HIDDEN_TARGET * most:
             return (f"{text}; 99% target not applicable (the bounds prove {proven} of the {most} hideable "
-                    f"collectives exposed in every schedule)")
-        holds = hid >= HIDDEN_TARGET * able and hid_members >= HIDDEN_TARGET * members
-        return f"{text}; 99% target {'HOLDS' if holds else 'FAILS'}"
+                    f"collectives exposed in every schedule)", "not applicable")
+        verdict = "HOLDS" if hid >= HIDDEN_TARGET * able and hid_members >= HIDDEN_TARGET * members else "FAILS"
+        return f"{text}; 99% target {verdict}", verdict
 
 
 def _timed(fn: Callable[[ScheduleProblem], Schedule], problem: ScheduleProblem) -> tuple[Schedule, float]:
@@ -193,8 +227,15 @@ def compare_part(
     profile: str = "h100",
     cross_check: bool = True,
     modes: Sequence[str] = ("fixed", "free"),
+    offline_s: float = 0.0,
+    offline_rounds: int = OFFLINE_ROUNDS,
+    offline_round_s: float = OFFLINE_ROUND_S,
 ) -> PartReport:
-    """Every row for one extracted graph part (see module docstring)."""
+    """Every row for one extracted graph part (see module docstring). With ``offline_s`` (> 0),
+    where the summary's CP-SAT row fails the hidden target, one more row: the offline recipe
+    (:func:`.spine_rounds.offline`: a free-order solve of ``offline_s`` then ``offline_rounds``
+    spine rounds of ``offline_round_s``), as an offline solve whose cached schedule a later
+    compile applies would run it."""
     problem = ext.problem
     global_bound = makespan_lower_bound(problem).makespan_ns
     rows = [Row("original order", simulate(problem), 0.0, bound_ns=global_bound)]
@@ -231,7 +272,17 @@ def compare_part(
         rows.append(Row(f"cpsat {mode} {budget:g}s", simulate(problem, r.schedule), wall,
                         f"simulated ({r.status.value}, {r.method})", max(r.lower_bound, global_bound),
                         schedule=r.schedule))
-    return PartReport(problem, rows, global_bound, notes, budget_bound, forced_exposed(problem), budget_bytes)
+    report = PartReport(problem, rows, global_bound, notes, budget_bound, forced_exposed(problem), budget_bytes)
+    fx_row = report.fxsched_row()
+    if offline_s > 0 and fx_row is not None and report.hidden_verdict(fx_row) == "FAILS":
+        t0 = time.perf_counter()
+        sched, lines = offline(problem, offline_s, solve_config, n_rounds=offline_rounds, round_s=offline_round_s)
+        wall = time.perf_counter() - t0
+        label = f"{OFFLINE} free {offline_s:g}s+{offline_rounds}x{offline_round_s:g}s"
+        rows.append(Row(label, simulate(problem, sched), wall, "simulated (offline recipe)", budget_bound,
+                        schedule=sched))
+        notes.append(f"`{label}`: " + "; ".join(lines) + ".")
+    return report
 
 
 def _fmt_us(ns: int) -> str:
@@ -276,6 +327,9 @@ def render_part(report: PartReport, extract_s: float, n_nodes: int) -> list[str]
     if fx_row is not None and fx_row.schedule is not None:
         out += render_collectives(fx_row.scheduler, collective_rows(
             p, fx_row.schedule, memory_budget_bytes=report.budget_bytes))
+    off = report.offline_row()
+    if off is not None and off.schedule is not None:
+        out += render_collectives(off.scheduler, collective_rows(p, off.schedule, memory_budget_bytes=report.budget_bytes))
     return out
 
 
@@ -316,8 +370,22 @@ def _budget_text(config: SolveConfig) -> str:
     return f"{b:,} bytes" if isinstance(b, int) else f"{b:g}x the original peak"
 
 
-def header(argv: Sequence[str], budgets: Sequence[float], solve_config: SolveConfig, profile: str = "h100") -> list[str]:
-    """The section's opening lines: the exact command, the machine and what was patched."""
+def offline_text(offline_s: float, rounds: int, round_s: float) -> str:
+    """What the offline row runs, for the header."""
+    return (f"Where the summary's CP-SAT row fails the 99% hidden target, one more row, `{OFFLINE} free "
+            f"{offline_s:g}s+{rounds}x{round_s:g}s`: the offline recipe (`fxsched.benchmarks.spine_rounds.offline`, "
+            f"the steps that made benchmarks/certificates/), as an offline solve whose cached schedule a later "
+            f"compile applies would run it: `solve` in free order for {offline_s:g} s with spine_share="
+            f"{OFFLINE_SPINE_SHARE:g} and hide_slack={OFFLINE_HIDE_SLACK:g}, then {rounds} rounds of the spine "
+            f"fill of {round_s:g} s each at radius {OFFLINE_RADIUS}, each polished and kept when it hides no "
+            f"fewer within {OFFLINE_CAP:.0%} of the solve's makespan and the original peak. The summary keeps "
+            f"the online row's verdicts and adds the offline row's.")
+
+
+def header(argv: Sequence[str], budgets: Sequence[float], solve_config: SolveConfig, profile: str = "h100",
+           offline: str = "") -> list[str]:
+    """The section's opening lines: the exact command, the machine and what was patched (and
+    ``offline``: :func:`offline_text`, when that row may run)."""
     command = " ".join([MODULE, *map(shlex.quote, argv)]).strip()
     return [BEGIN, "## fxsched vs Inductor (issue 6)", "",
             f"Command: `{command}` (at commit {source_revision()})", "",
@@ -334,7 +402,7 @@ def header(argv: Sequence[str], budgets: Sequence[float], solve_config: SolveCon
             "larger of CP-SAT's bound over its modelled space and the bound over every schedule; other rows, "
             "the latter. `Inductor's own view`: what its pass logs (its counts are of collectives after its "
              "FSDP pre-bucketing; `hidden` = hideable and not fully exposed)."), "",
-            PATCH_NOTE.format(profile=profile), "", f"Criterion: {CRITERION}.", ""]
+            PATCH_NOTE.format(profile=profile), "", f"Criterion: {CRITERION}.", ""] + ([offline, ""] if offline else [])
 
 
 def run(
@@ -350,13 +418,18 @@ def run(
     heuristics: Sequence[str] | None = None,
     cross_check: bool = True,
     modes: Sequence[str] = ("fixed", "free"),
+    offline_s: float = 0.0,
+    offline_rounds: int = OFFLINE_ROUNDS,
+    offline_round_s: float = OFFLINE_ROUND_S,
 ) -> tuple[str, list[PartReport]]:
     """The markdown section (markers included) and the part reports, for ``names``.
 
-    ``solve_config`` defaults to ``SolveConfig(workers=2)`` (deterministic, seed 0).
+    ``solve_config`` defaults to ``SolveConfig(workers=2)`` (deterministic, seed 0). ``offline_s``
+    (> 0): the offline row where the hidden target fails (:func:`compare_part`).
     """
     solve_config = solve_config or SolveConfig(workers=2)
-    out = header(argv, budgets, solve_config, profile)
+    out = header(argv, budgets, solve_config, profile,
+                 offline_text(offline_s, offline_rounds, offline_round_s) if offline_s > 0 else "")
     reports: list[PartReport] = []
     for name in names:
         t0 = time.perf_counter()
@@ -372,7 +445,8 @@ def run(
             extract_s = time.perf_counter() - t0
             log.info("compare %s: %d ops", ext.problem.name, len(ext.problem.ops))
             report = compare_part(ext, groups, budgets, solve_config, variants=variants, heuristics=heuristics,
-                                  profile=profile, cross_check=cross_check, modes=modes)
+                                  profile=profile, cross_check=cross_check, modes=modes, offline_s=offline_s,
+                                  offline_rounds=offline_rounds, offline_round_s=offline_round_s)
             reports.append(report)
             out += render_part(report, extract_s, len(getattr(zg, part).graph.nodes))
     out += ["### Summary", ""] + [f"- {r.summary()}" for r in reports] + ["", END]
@@ -405,12 +479,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="h100")
     ap.add_argument("--no-cross-check", action="store_true", help="skip re-extracting mapped Inductor outputs")
     ap.add_argument("--out", default=None, help="write the section into this markdown file (default: stdout)")
+    ap.add_argument("--offline-budget", type=float, default=0.0,
+                    help="seconds of the offline recipe's solve, run where the hidden target fails (0: none)")
+    ap.add_argument("--offline-rounds", type=int, default=OFFLINE_ROUNDS, help="its spine rounds")
+    ap.add_argument("--offline-round-s", type=float, default=OFFLINE_ROUND_S, help="seconds per spine round")
     args = ap.parse_args(argv)
+    if args.offline_budget < 0 or args.offline_rounds < 0 or args.offline_round_s <= 0:
+        ap.error("--offline-budget and --offline-rounds must be >= 0, --offline-round-s > 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     config = SolveConfig(workers=args.workers, seed=args.seed, deterministic=not args.wall_clock,
                          memory_budget=args.memory_budget, processes=args.processes)
     text, _ = run(args.graphs, args.budgets, layers=args.layers, parts=args.parts, solve_config=config,
-                  profile=args.profile, argv=argv, cross_check=not args.no_cross_check, modes=args.modes)
+                  profile=args.profile, argv=argv, cross_check=not args.no_cross_check, modes=args.modes,
+                  offline_s=args.offline_budget, offline_rounds=args.offline_rounds,
+                  offline_round_s=args.offline_round_s)
     emit(args.out, BEGIN, END, text)
     return 0
 

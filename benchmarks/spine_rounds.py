@@ -11,15 +11,20 @@ with ``--radius``, then ``solve``'s final polish, and the result becomes the cur
 hides at least as many collectives (bucket members counted), within the memory budget (the
 original order's peak) and at most ``--cap`` above the given schedule's makespan. The written
 schedule is the current order after the last round. Wall-clock CP-SAT: another run may differ.
+
+:func:`offline` is the whole offline recipe the compare's ``--offline-budget`` row runs (and that
+made benchmarks/certificates/llama_fsdp_tp_2x4.backward.json): a free-order ``solve`` with the spine
+fill and some makespan slack, then these rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from ..solver import Schedule, simulate
-from ..solver.cpsat import SolveConfig, _polished
+from ..solver.cpsat import SolveConfig, Status, _polished, solve
 from ..solver.serialization import load_problem, load_schedule, save_schedule
 from ..solver.spine_fill import spine_fill
 
@@ -45,14 +50,41 @@ def rounds(problem, schedule: Schedule, n: int, round_s: float, radius: int, cap
     return cur, lines
 
 
+# the offline recipe (benchmarks/certificates/README.md): solve's share of its budget for the spine
+# fill, its makespan slack for more hidden collectives, then ROUNDS rounds of ROUND_S s at RADIUS,
+# each kept within CAP of the solve's makespan
+OFFLINE_SPINE_SHARE, OFFLINE_HIDE_SLACK = 0.4, 0.02
+OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_RADIUS, OFFLINE_CAP = 3, 60.0, 8, 0.01
+
+
+def offline(problem, budget_s: float, config: SolveConfig, *, n_rounds: int = OFFLINE_ROUNDS,
+            round_s: float = OFFLINE_ROUND_S) -> tuple[Schedule, list[str]]:
+    """The offline recipe: ``solve`` in free order for ``budget_s`` with OFFLINE_SPINE_SHARE of it
+    for the spine fill and OFFLINE_HIDE_SLACK, then ``n_rounds`` :func:`rounds` of ``round_s`` at
+    OFFLINE_RADIUS within OFFLINE_CAP of its makespan. ``config`` gives the workers, seed, clock
+    and memory budget. The schedule, and one line for the solve and one per round."""
+    cfg = dataclasses.replace(config, mode="free", spine_share=OFFLINE_SPINE_SHARE, hide_slack=OFFLINE_HIDE_SLACK)
+    res = solve(problem, budget_s, cfg)
+    r = simulate(problem, res.schedule)
+    lines = [f"solve {budget_s:g} s: {r.n_hidden_hideable_members}/{r.n_hideable_members} hidden at "
+             f"{r.makespan_ns / 1e3:,.1f} us ({res.status.value})"]
+    if res.status is Status.INFEASIBLE or n_rounds < 1:
+        return res.schedule, lines
+    # the rounds polish with no slack of their own (as the certificate's did): CAP bounds them
+    out, more = rounds(problem, res.schedule, n_rounds, round_s, OFFLINE_RADIUS, OFFLINE_CAP,
+                       dataclasses.replace(config, mode="free"))
+    return out, lines + more
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("problem")
     ap.add_argument("schedule")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--round-s", type=float, default=60.0, help="seconds of the spine fill per round")
-    ap.add_argument("--radius", type=int, default=8, help="slots an op may move (SolveConfig.spine_radius)")
-    ap.add_argument("--cap", type=float, default=0.01, help="share above the given makespan a kept order may reach")
+    ap.add_argument("--rounds", type=int, default=OFFLINE_ROUNDS)
+    ap.add_argument("--round-s", type=float, default=OFFLINE_ROUND_S, help="seconds of the spine fill per round")
+    ap.add_argument("--radius", type=int, default=OFFLINE_RADIUS, help="slots an op may move (SolveConfig.spine_radius)")
+    ap.add_argument("--cap", type=float, default=OFFLINE_CAP,
+                    help="share above the given makespan a kept order may reach")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)

@@ -289,3 +289,65 @@ def test_per_collective_table_lists_the_exposed_by_what_limits_them() -> None:
     assert text[0].endswith("exposed 0.4 us before, 0.3 us after): no independent compute 1, hidden 1.")
     assert [line.split(" | ")[0] for line in text if line.startswith(("| c1 ", "| c2 "))] == ["| c1"]
     assert compare.render_collectives("none", []) == []  # a graph part without collectives gets no block
+
+
+@pytest.mark.parametrize("verdict", ["FAILS", "HOLDS", "not applicable"])
+def test_the_offline_row_runs_only_where_the_hidden_target_fails(zoo: ZooGraph, monkeypatch, verdict: str) -> None:
+    """``--offline-budget``: the offline recipe runs (once) only where the summary's CP-SAT row
+    fails the hidden target, its row is labelled apart from the CP-SAT rows (the summary's row
+    stays the online one), scored by the simulator within the original peak, and its lines become
+    a note. The verdict is stubbed here; the recipe (tiny budgets) is real."""
+    calls = []
+    real = compare.offline
+
+    def spy(problem, budget_s, config, **kw):
+        calls.append((budget_s, kw))
+        return real(problem, budget_s, config, **kw)
+
+    monkeypatch.setattr(compare, "offline", spy)
+    monkeypatch.setattr(compare.PartReport, "hidden_verdict", lambda self, row: verdict)
+    report = compare.compare_part(zoo.extract("forward"), {g.name: g.size for g in zoo.groups.values()}, [0.05],
+                                  SolveConfig(seed=0, workers=1, deterministic=True), variants=(), heuristics=[],
+                                  modes=("free",), offline_s=0.05, offline_rounds=1, offline_round_s=0.05)
+    labels = [r.scheduler for r in report.rows]
+    if verdict != "FAILS":
+        assert calls == [] and labels == ["original order", "cpsat free 0.05s"] and report.offline_row() is None
+        return
+    assert calls == [(0.05, {"n_rounds": 1, "round_s": 0.05})]
+    assert labels == ["original order", "cpsat free 0.05s", "offline free 0.05s+1x0.05s"]
+    off = report.offline_row()
+    assert off is report.rows[-1] and report.fxsched_row() is report.rows[1]
+    assert off.schedule is not None and not check_schedule(report.problem, off.schedule)
+    assert off.result == simulate(report.problem, off.schedule)
+    assert off.result.peak_memory_bytes <= report.rows[0].result.peak_memory_bytes
+    assert off.bound_ns == report.budget_bound_ns
+    (note,) = [n for n in report.notes if n.startswith("`offline free 0.05s+1x0.05s`: solve 0.05 s: ")]
+    assert "round 0: " in note
+
+
+def test_the_summary_gives_the_offline_rows_verdict_after_the_online_ones() -> None:
+    """Hand-derived, on the ``free`` problem of the waiver test (two 100 ns collectives, 400 ns of
+    compute independent of them): the CP-SAT row keeps the original order (both exposed, 0/2:
+    FAILS), the offline row hides both (``overlap``: 2/2, HOLDS, makespan 400 ns, no exposed). No
+    storages: every peak is 0, and the ratio prints as 0.000 (as the online clause's does)."""
+    from fxsched.heuristics import overlap_schedule
+    from fxsched.solver.bounds import makespan_lower_bound
+
+    from tests.solver.solver_builders import coll, compute, make_problem, wait
+
+    p = make_problem([coll("c1", runtime_ns=100), wait("w1", "c1"), coll("c2", runtime_ns=100), wait("w2", "c2"),
+                      compute("x", 200, heavy=True), compute("y", 200, deps=["x"], heavy=True)])
+    orig, hidden = simulate(p), simulate(p, overlap_schedule(p))
+    assert (orig.exposed_ns, orig.n_hidden_hideable, hidden.exposed_ns, hidden.n_hidden_hideable) == (200, 0, 0, 2)
+    rows = [compare.Row("original order", orig, 0.0), compare.Row("inductor", orig, 0.0),
+            compare.Row("cpsat free 60s", orig, 0.0), compare.Row("offline free 240s+3x60s", hidden, 0.0)]
+    r = compare.PartReport(p, rows, makespan_lower_bound(p).makespan_ns, [])
+    assert r.fxsched_row() is rows[2] and r.offline_row() is rows[3]
+    assert r.hidden_verdict(rows[2]) == "FAILS" and r.hidden_verdict(rows[3]) == "HOLDS"
+    summary = r.summary()
+    online, offline = summary.split("; **offline free 240s+3x60s**")
+    assert online.endswith("hidden 0/2 hideable (0.0%; in Inductor's sense, not fully exposed: 0/2, 0.0%); "
+                           "99% target FAILS")
+    assert offline == (" (the offline solve, where the cpsat free 60s row fails the hidden target): exposed 0.0 us "
+                       "= 0.00x Inductor's, makespan 0.4 us, peak vs original 0.000, hidden 2/2 hideable (100.0%; in "
+                       "Inductor's sense, not fully exposed: 2/2, 100.0%); 99% target HOLDS.")

@@ -52,3 +52,19 @@ def test_bad_arguments_are_refused(tmp_path, flag) -> None:
     with pytest.raises(SystemExit) as exc:
         spine_rounds.main(["p.json", "s.json", *flag, "-o", str(tmp_path / "o.json")])
     assert exc.value.code == 2
+
+
+def test_the_offline_recipe_solves_then_runs_the_rounds() -> None:
+    """On the chain above the recipe's solve already reaches the optimum (65 ns, total compute,
+    both hidden); a round keeps it (no fewer hidden within the cap). One line for the solve, one
+    per round; the schedule is valid."""
+    p = _short_fillers()
+    cfg = SolveConfig(seed=0, workers=1, deterministic=True)
+    out, lines = spine_rounds.offline(p, 1.0, cfg, n_rounds=1, round_s=1.0)
+    assert not check_schedule(p, out)
+    r = simulate(p, out)
+    assert (r.makespan_ns, r.n_hidden_hideable_members) == (65, 2)
+    assert len(lines) == 2 and lines[0].startswith("solve 1 s: 2/2 hidden at 0.1 us (")
+    assert lines[1].startswith("round 0: ")
+    out0, lines0 = spine_rounds.offline(p, 1.0, cfg, n_rounds=0)
+    assert len(lines0) == 1 and simulate(p, out0).n_hidden_hideable_members == 2
