@@ -1,20 +1,21 @@
 """More rounds of the spine fill on a saved schedule: an offline solve taken further.
 
-    python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 3 --round-s 60 \\
+    python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 6 --round-s 30 \\
         --radius 8 --cap 0.01 --workers 2 -o out.json
 
 ``solve``'s own spine rounds (``SolveConfig.spine_share``) share the solve's budget with a search
-that ranks by makespan alone, stop at a round that hides fewer or returns the same order, and
-keep only what is no longer than the answer. Here each round runs
-:func:`..solver.spine_fill.spine_fill` on the current order for ``--round-s`` seconds (wall clock)
-with ``--radius``, then ``solve``'s final polish, and the result becomes the current order when it
-hides at least as many collectives (bucket members counted), within the memory budget (the
-original order's peak) and at most ``--cap`` above the given schedule's makespan. The written
-schedule is the current order after the last round. Wall-clock CP-SAT: another run may differ.
+that ranks by makespan alone, and keep only what is no longer than the answer. Here each round
+``k`` runs :func:`..solver.spine_fill.spine_fill` on the current order for ``--round-s`` seconds
+(wall clock) with ``--radius`` and seed ``k`` (a new seed each round: the same order searched
+again with another gets past a plateau), then ``solve``'s final polish, and the result becomes the
+current order when it hides at least as many collectives (bucket members counted), within the
+memory budget (the original order's peak) and at most ``--cap`` above the given schedule's
+makespan. The written schedule is the current order after the last round. Wall-clock CP-SAT:
+another run may differ.
 
-:func:`offline` is the whole offline recipe the compare's ``--offline-budget`` row runs (and that
-made benchmarks/certificates/llama_fsdp_tp_2x4.backward.json): a free-order ``solve`` with the spine
-fill and some makespan slack, then these rounds.
+:func:`offline` is the whole offline recipe the compare's ``--offline-budget`` row runs: a
+free-order ``solve`` with the spine fill and some makespan slack, then these rounds (the steps that
+made benchmarks/certificates/llama_fsdp_tp_2x4.backward.json, with a new seed each round).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def rounds(problem, schedule: Schedule, n: int, round_s: float, radius: int, cap
     budget = simulate(problem, Schedule.original(problem)).peak_memory_bytes
     cap = int(simulate(problem, schedule).makespan_ns * (1 + cap_share))
     cur, hidden, lines = schedule, simulate(problem, schedule).n_hidden_hideable_members, []
-    for k in range(n):
-        out = spine_fill(problem, cur, budget, config, round_s, radius=radius)
+    for k in range(n):  # a new seed each round: the same start searched again can give more
+        out = spine_fill(problem, cur, budget, dataclasses.replace(config, seed=config.seed + k), round_s, radius=radius)
         if out is None:
             lines.append(f"round {k}: no order")
             continue
@@ -54,7 +55,7 @@ def rounds(problem, schedule: Schedule, n: int, round_s: float, radius: int, cap
 # fill, its makespan slack for more hidden collectives, then ROUNDS rounds of ROUND_S s at RADIUS,
 # each kept within CAP of the solve's makespan
 OFFLINE_SPINE_SHARE, OFFLINE_HIDE_SLACK = 0.4, 0.02
-OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_RADIUS, OFFLINE_CAP = 3, 60.0, 8, 0.01
+OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_RADIUS, OFFLINE_CAP = 6, 30.0, 8, 0.01
 
 
 def offline(problem, budget_s: float, config: SolveConfig, *, n_rounds: int = OFFLINE_ROUNDS,

@@ -149,32 +149,31 @@ def _polished(problem: ScheduleProblem, sched: Schedule, config: SolveConfig, tr
 
 def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: int, config: SolveConfig,
                   tries: int, deadline: float | None, spine_s: float, end: float | None) -> Schedule:
-    """``polished`` (the answer's polish), or the best of up to SPINE_ROUNDS rounds of the spine
-    fill, each polished, that hides more at no longer makespan (:func:`_more_hidden`). Each round
-    starts from the last round's polished order (the first from ``polished``) while that hid no
-    fewer than its own start in another order, kept or not (the tp_2x4 backward's order with 198
-    of 200 hidden came after a round that tied at 197: benchmarks/certificates/). On the tp_2x4
-    backward, 30 s rounds from a 60 s answer (185 of 198 hidden, 31,192.6 us) hid 189 at
-    31,167.5 us, 191 at 31,147.0 us, then 193 at 31,282.6 us (longer: not kept); a 120 s solve
-    with ``spine_share=0.25`` kept 191 at 31,171.0 us over its polished answer's 185 at
-    31,192.6 us (started from the unpolished answer, five such solves kept at most 185 at 3.3 us
-    less: their rounds came out 1.7 to 735 us longer, or hid fewer). On a wall clock each round
-    gets what is left up to ``end`` (the fill returns once an order fits the budget: about 20 s
-    of 30 there); in deterministic time (``end`` None) ``spine_s / SPINE_ROUNDS``."""
+    """``polished`` (the answer's polish), or the best of SPINE_ROUNDS rounds of the spine fill,
+    each polished, that hides more at no longer makespan (:func:`_more_hidden`). Round ``k`` runs
+    the fill with seed ``config.seed + k`` from the last round's polished order when that hid no
+    fewer than its own start (a plateau: another order, or the same one, which the next seed
+    searches again), else from that start. A new seed is what gets past a plateau: from two
+    answers with 197 of 200 hidden on the tp_2x4 backward (31,379.0 and 31,467.9 us), six 30 s
+    rounds at radius 8 with the seed changed each round reached 198 at 31,332.3 us in the third
+    and the fourth, where rounds with one seed had returned the same order (benchmarks/RESULTS.md).
+    On a wall clock each round gets what is left up to ``end`` (the fill returns once an order
+    fits the budget: about 20 s of 30 there); in deterministic time (``end`` None)
+    ``spine_s / SPINE_ROUNDS``."""
     best, start, hidden = polished, polished, simulate(problem, polished).n_hidden_hideable_members
-    for _ in range(SPINE_ROUNDS):
+    for k in range(SPINE_ROUNDS):
         share = spine_s / SPINE_ROUNDS if end is None else end - time.perf_counter()
         if share <= 0:
             break
-        spine = spine_fill(problem, start, budget_bytes, config, share, radius=config.spine_radius)
+        spine = spine_fill(problem, start, budget_bytes, dataclasses.replace(config, seed=config.seed + k), share,
+                           radius=config.spine_radius)
         if spine is None:
             break
         cand = _polished(problem, spine, config, tries, deadline)
         best = _more_hidden(problem, best, cand)
         cand_hidden = simulate(problem, cand).n_hidden_hideable_members
-        if cand_hidden < hidden or cand.order == start.order:
-            break  # fewer hidden, or the same order again: the rounds have run dry
-        start, hidden = cand, cand_hidden  # more, or as many in another order: a plateau to go on from
+        if cand_hidden >= hidden:  # more, or as many: a plateau to go on from
+            start, hidden = cand, cand_hidden
     return best
 
 

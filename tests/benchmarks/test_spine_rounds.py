@@ -3,6 +3,8 @@ when it hides at least as many within the cap and the original order's peak."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from fxsched.benchmarks import spine_rounds
 from fxsched.solver import Schedule, check_schedule, simulate
@@ -34,16 +36,23 @@ def test_a_round_that_hides_more_is_kept_and_written(tmp_path, capsys) -> None:
 def test_a_round_past_the_cap_or_hiding_fewer_is_dropped(monkeypatch) -> None:
     """The fill and the polish (stubbed) return the given order (95 ns, 1 hidden), then c1, w1,
     a, b, d, x, c2, w2, z: w1 stalls 20 and w2 30, 115 ns, none hidden. With cap 0 the first is
-    kept (as many hidden, no longer), the second dropped (longer, fewer): the start remains."""
+    kept (as many hidden, no longer), the second dropped (longer, fewer): the start remains.
+    Round k runs the fill with the config's seed plus k."""
     p = _short_fillers()
     base = Schedule.original(p)
     worse = Schedule(("c1", "w1", "a", "b", "d", "x", "c2", "w2", "z"))
     assert (simulate(p, worse).makespan_ns, simulate(p, worse).n_hidden_hideable_members) == (115, 0)
     outs = iter([base, worse])
-    monkeypatch.setattr(spine_rounds, "spine_fill", lambda *a, **k: next(outs))
+    seeds = []
+
+    def fill(problem, sched, budget, config, *a, **k):
+        seeds.append(config.seed)
+        return next(outs)
+
+    monkeypatch.setattr(spine_rounds, "spine_fill", fill)
     monkeypatch.setattr(spine_rounds, "_polished", lambda problem, sched, *a: sched)
-    cur, lines = spine_rounds.rounds(p, base, 2, 1.0, 4, 0.0, FREE)
-    assert cur is base
+    cur, lines = spine_rounds.rounds(p, base, 2, 1.0, 4, 0.0, dataclasses.replace(FREE, seed=5))
+    assert cur is base and seeds == [5, 6]  # a new seed each round
     assert lines == ["round 0: 1/2 hidden at 0.1 us: kept", "round 1: 0/2 hidden at 0.1 us: dropped"]
 
 

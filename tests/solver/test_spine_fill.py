@@ -285,8 +285,9 @@ def test_the_fill_does_not_trade_one_stall_for_a_longer_one() -> None:
 def test_solve_runs_the_fill_again_from_each_order_it_keeps(monkeypatch) -> None:
     """The search (stubbed) returns the given order (95 ns, 1 hidden) and the spine fill (stubbed)
     the optimum (65 ns, 2 hidden): the first round starts from the answer's polish and is kept,
-    the second starts from the kept order, finds nothing better and ends the rounds.
-    Deterministic time: each round gets a quarter of the spine time (0.2 of 5 s: 0.25 s)."""
+    the others start from the kept order (a plateau: searched again with the next seed) until
+    the SPINE_ROUNDS rounds are done. Deterministic time: each round gets a quarter of the spine
+    time (0.2 of 5 s: 0.25 s); round k's seed is the config's plus k."""
     import fxsched.solver.cpsat as cpsat
 
     p = _short_fillers()
@@ -299,16 +300,18 @@ def test_solve_runs_the_fill_again_from_each_order_it_keeps(monkeypatch) -> None
         return Result(Status.FEASIBLE, 95, 65, 0.0, base, "cpsat", simulate(problem, base).peak_memory_bytes, 0)
 
     def filled(problem, start, budget_bytes, config, time_s, radius):
-        calls.append((start.order, time_s, radius))
+        calls.append((start.order, time_s, radius, config.seed))
         return best
 
     monkeypatch.setattr(cpsat, "_solve", searched)
     polished = solve(p, 5, FREE).schedule  # the answer's polish: where the rounds start
     monkeypatch.setattr(cpsat, "spine_fill", filled)
-    r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2, spine_radius=7))
-    assert [order for order, _, _ in calls] == [polished.order, best.order]
-    assert [t for _, t, _ in calls] == pytest.approx([0.25, 0.25])
-    assert [radius for _, _, radius in calls] == [7, 7]  # SolveConfig.spine_radius reaches the fill
+    r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2, spine_radius=7, seed=3))
+    assert cpsat.SPINE_ROUNDS == 4
+    assert [c[0] for c in calls] == [polished.order] + [best.order] * 3
+    assert [c[1] for c in calls] == pytest.approx([0.25] * 4)
+    assert [c[2] for c in calls] == [7] * 4  # SolveConfig.spine_radius reaches the fill
+    assert [c[3] for c in calls] == [3, 4, 5, 6]
     res = simulate(p, r.schedule)
     assert (res.makespan_ns, res.n_hidden_hideable) == (65, 2)
 
@@ -318,8 +321,8 @@ def test_the_rounds_go_on_from_an_order_that_hides_more_even_if_longer(monkeypat
     The answer (its polish stubbed to the same order) c1, a, w1, c2, b, w2: w1 stalls 10 ns, c2 runs 30..60 beside b (30..55), w2 stalls
     5: 60 ns, none hidden. The first round (stubbed, the polish too) gives c1, a, b, w1, c2, w2:
     c1 hidden, c2 30 ns exposed, 75 ns: more hidden but longer, so not kept, but the next round
-    starts from it and gives c1, c2, a, b, w1, w2: both hidden, 45 ns, kept; the third finds no
-    more than that and ends the rounds."""
+    starts from it and gives c1, c2, a, b, w1, w2: both hidden, 45 ns, kept; the third and the
+    fourth start from that (a plateau, searched again with the next seeds) and find no more."""
     import fxsched.solver.cpsat as cpsat
 
     p = make_problem([coll("c1", "A", AG, runtime_ns=30), coll("c2", "B", AG, runtime_ns=30), compute("a", 20),
@@ -347,7 +350,7 @@ def test_the_rounds_go_on_from_an_order_that_hides_more_even_if_longer(monkeypat
     monkeypatch.setattr(cpsat, "_polished", polish)
     monkeypatch.setattr(cpsat, "spine_fill", filled)
     r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
-    assert [s.order for s in starts] == [answer.order, longer.order, best.order]
+    assert [s.order for s in starts] == [answer.order, longer.order, best.order, best.order]
     assert starts[0] is polished[0] and starts[0] is not answer  # the answer's polish, not the answer
     assert r.schedule.order == best.order and r.objective == 45
 
@@ -374,22 +377,24 @@ def test_the_hint_is_a_whole_solution(which: str) -> None:
     assert solver.Solve(model.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
 
-def test_the_rounds_go_on_from_a_tie_in_another_order(monkeypatch) -> None:
+def test_the_rounds_go_on_from_a_tie_and_go_back_from_fewer(monkeypatch) -> None:
     """``_short_fillers``: the answer (95 ns, 1 of 2 hidden, its polish stubbed to the same order).
-    The first round (stubbed) gives a and b swapped: the same 95 ns and 1 hidden, another order;
-    the rounds go on from it, and the second gives c1, d, w1, x, c2, a, b, w2, z: d fills c1's
-    window (0..20), a and b c2's (30..60), 65 ns with both hidden, kept; the third returns that
-    order again and ends the rounds."""
+    The first round (stubbed) gives c1, w1, a, b, d, x, c2, w2, z: both stall (115 ns, none
+    hidden), fewer, so the second starts from the answer again (with the next seed) and gives a
+    and b swapped: the same 95 ns and 1 hidden, another order; the rounds go on from it, and the
+    third gives c1, d, w1, x, c2, a, b, w2, z: d fills c1's window (0..20), a and b c2's (30..60),
+    65 ns with both hidden, kept; the fourth starts from it."""
     import fxsched.solver.cpsat as cpsat
 
     p = _short_fillers()
     answer = Schedule.original(p)
+    worse = Schedule(("c1", "w1", "a", "b", "d", "x", "c2", "w2", "z"))
     tie = Schedule(("c1", "b", "a", "d", "w1", "x", "c2", "w2", "z"))
     best = Schedule(("c1", "d", "w1", "x", "c2", "a", "b", "w2", "z"))
-    assert [(simulate(p, s).makespan_ns, simulate(p, s).n_hidden_hideable) for s in (answer, tie, best)] == [
-        (95, 1), (95, 1), (65, 2)]
+    assert [(simulate(p, s).makespan_ns, simulate(p, s).n_hidden_hideable) for s in (answer, worse, tie, best)] == [
+        (95, 1), (115, 0), (95, 1), (65, 2)]
     starts: list[Schedule] = []
-    fills = iter([tie, best, best])
+    fills = iter([worse, tie, best, best])
 
     def searched(problem, *args, **kwargs) -> Result:
         return Result(Status.FEASIBLE, 95, 65, 0.0, answer, "cpsat", simulate(problem, answer).peak_memory_bytes, 0)
@@ -402,5 +407,5 @@ def test_the_rounds_go_on_from_a_tie_in_another_order(monkeypatch) -> None:
     monkeypatch.setattr(cpsat, "_polished", lambda problem, sched, *args: dataclasses.replace(sched))
     monkeypatch.setattr(cpsat, "spine_fill", filled)
     r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
-    assert [s.order for s in starts] == [answer.order, tie.order, best.order]
+    assert [s.order for s in starts] == [answer.order, answer.order, tie.order, best.order]
     assert r.schedule.order == best.order and r.objective == 65
