@@ -69,7 +69,7 @@ def offline(problem, budget_s: float, config: SolveConfig, *, n_rounds: int = OF
     r = simulate(problem, res.schedule)
     lines = [f"solve {budget_s:g} s: {r.n_hidden_hideable_members}/{r.n_hideable_members} hidden at "
              f"{r.makespan_ns / 1e3:,.1f} us ({res.status.value})"]
-    if res.status is Status.INFEASIBLE or n_rounds < 1:
+    if res.status is Status.INFEASIBLE:
         return res.schedule, lines
     # the rounds polish with no slack of their own (as the certificate's did): CAP bounds them
     out, more = rounds(problem, res.schedule, n_rounds, round_s, OFFLINE_RADIUS, OFFLINE_CAP,

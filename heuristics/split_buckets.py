@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 HIDE_EVALS = 400  # candidates the polish of one split scores
 
 
-def _key(res: SimResult) -> tuple[int, int]:
-    """Collectives hidden (a bucket's members each counted), then the shorter makespan."""
+def hidden_key(res: SimResult) -> tuple[int, int]:
+    """Collectives hidden (a bucket's members each counted), then the shorter makespan: the rank
+    of the count-first passes (here and :func:`..solver.cpsat.solve`'s spine rounds)."""
     return res.n_hidden_hideable_members, -res.makespan_ns
 
 
@@ -100,7 +101,7 @@ def split_buckets(problem: ScheduleProblem, schedule: Schedule, *, max_makespan_
             out = hide_collectives(problem, cand, max_makespan_ns=cap, budget_bytes=peak, max_evals=hide_evals,
                                    deadline=deadline, keep_compute_order=keep_compute_order)
             r = simulate(problem, out)
-            if r.makespan_ns <= cap and r.peak_memory_bytes <= peak and _key(r) > _key(found[1] if found else best_res):
+            if r.makespan_ns <= cap and r.peak_memory_bytes <= peak and hidden_key(r) > hidden_key(found[1] if found else best_res):
                 found = (out, r)
         if found is None:
             break

@@ -35,7 +35,7 @@ from ortools.sat.python import cp_model
 from ..heuristics.concentrate import concentrate_stalls
 from ..heuristics.hide import hide_collectives
 from ..heuristics.split_buckets import HIDE_EVALS as SPLIT_HIDE_EVALS
-from ..heuristics.split_buckets import split_buckets
+from ..heuristics.split_buckets import hidden_key, split_buckets
 from .bounds import makespan_lower_bound
 from .cpsat_config import (
     Progress,
@@ -56,7 +56,7 @@ from .cpsat_model import ModelBuilder
 from .layers import detect_layers
 from .problem import OpKind, ScheduleProblem
 from .schedule import Schedule
-from .simulator import simulate
+from .simulator import SimResult, simulate
 from .spine_fill import spine_fill
 from .warm_start import (DEFER_MOVES_PER_S, bucket_tries, critical_builds, far_evals, plan_evals, pull_evals,
                          size_scale, stream_bound, warm_start, warm_start_share)
@@ -160,7 +160,8 @@ def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: in
     On a wall clock each round gets what is left up to ``end`` (the fill returns once an order
     fits the budget: about 20 s of 30 there); in deterministic time (``end`` None)
     ``spine_s / SPINE_ROUNDS``."""
-    best, start, hidden = polished, polished, simulate(problem, polished).n_hidden_hideable_members
+    best_res = simulate(problem, polished)
+    best, start, hidden = polished, polished, best_res.n_hidden_hideable_members
     for k in range(SPINE_ROUNDS):
         share = spine_s / SPINE_ROUNDS if end is None else end - time.perf_counter()
         if share <= 0:
@@ -170,24 +171,23 @@ def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: in
         if spine is None:
             break
         cand = _polished(problem, spine, config, tries, deadline)
-        best = _more_hidden(problem, best, cand)
-        cand_hidden = simulate(problem, cand).n_hidden_hideable_members
-        if cand_hidden >= hidden:  # more, or as many: a plateau to go on from
-            start, hidden = cand, cand_hidden
+        cand_res = simulate(problem, cand)
+        if _more_hidden(problem, best_res, cand_res):
+            best, best_res = cand, cand_res
+        if cand_res.n_hidden_hideable_members >= hidden:  # more, or as many: a plateau to go on from
+            start, hidden = cand, cand_res.n_hidden_hideable_members
     return best
 
 
-def _more_hidden(problem: ScheduleProblem, sched: Schedule, other: Schedule) -> Schedule:
-    """``other`` when it hides more hideable collectives than ``sched`` (bucket members counted, as
-    the polish's bucket splits do) at no longer makespan (or as many in less), else ``sched``; both
-    within the memory budget (the spine fill checks its own)."""
-    a, b = simulate(problem, sched), simulate(problem, other)
-    better = b.makespan_ns <= a.makespan_ns and (b.n_hidden_hideable_members, -b.makespan_ns) > (
-        a.n_hidden_hideable_members, -a.makespan_ns)
+def _more_hidden(problem: ScheduleProblem, a: SimResult, b: SimResult) -> bool:
+    """Whether ``b`` hides more hideable collectives than ``a`` (bucket members counted, as the
+    polish's bucket splits do) at no longer makespan, or as many in less; both within the memory
+    budget (the spine fill checks its own)."""
+    better = b.makespan_ns <= a.makespan_ns and hidden_key(b) > hidden_key(a)
     log.info("solve %s: spine fill %d hidden at %d ns, against %d at %d ns: %s", problem.name,
              b.n_hidden_hideable_members, b.makespan_ns, a.n_hidden_hideable_members, a.makespan_ns,
              "kept" if better else "dropped")
-    return other if better else sched
+    return better
 
 
 def _solve(problem: ScheduleProblem, time_budget_s: float, config: SolveConfig, hint: Schedule | None,
