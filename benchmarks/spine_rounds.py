@@ -1,6 +1,6 @@
 """More rounds of the spine fill on a saved schedule: an offline solve taken further.
 
-    python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 6 --round-s 30 \\
+    python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 12 --round-s 60 \\
         --radius 8 --cap 0.01 --workers 2 -o out.json
 
 ``solve``'s own spine rounds (``SolveConfig.spine_share``) share the solve's budget with a search
@@ -53,9 +53,16 @@ def rounds(problem, schedule: Schedule, n: int, round_s: float, radius: int, cap
 
 # the offline recipe (benchmarks/certificates/README.md): solve's share of its budget for the spine
 # fill, its makespan slack for more hidden collectives, then ROUNDS rounds of ROUND_S s at RADIUS,
-# each kept within CAP of the solve's makespan
+# each kept within CAP of the solve's makespan. A round's fill splits its seconds over up to three
+# solves (the later ones after memory cuts) and returns at the first order within the budget, so
+# a round on a plateau costs about 20 s of its 60. From three 197-of-200 answers of the tp_2x4
+# backward (one the recipe's own 240 s solve), twelve 60 s rounds reached 198 from two (the
+# recipe's answer in round 8; 378 s for the twelve), four of 90 s from the recipe's answer alone,
+# and six of 30 s from the other two alone: 10 s per solve was too short for the recipe's answer,
+# whose one uncovered window needs compute that the memory cuts leave little room for
+# (benchmarks/certificates/README.md)
 OFFLINE_SPINE_SHARE, OFFLINE_HIDE_SLACK = 0.4, 0.02
-OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_RADIUS, OFFLINE_CAP = 6, 30.0, 8, 0.01
+OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_RADIUS, OFFLINE_CAP = 12, 60.0, 8, 0.01
 
 
 def offline(problem, budget_s: float, config: SolveConfig, *, n_rounds: int = OFFLINE_ROUNDS,
