@@ -1,13 +1,13 @@
 """More rounds of the spine fill on a saved schedule: an offline solve taken further.
 
-    python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 12 --round-s 60 \\
-        --radius 8 --cap 0.01 --workers 2 -o out.json
+    python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 4 --round-s 180 \\
+        --solve-s 20 --radius 8 --cap 0.01 --workers 2 -o out.json
 
 ``solve``'s own spine rounds (``SolveConfig.spine_share``) share the solve's budget with a search
 that ranks by makespan alone, and keep only what is no longer than the answer. Here each round
 ``k`` runs :func:`..solver.spine_fill.spine_fill` on the current order for ``--round-s`` seconds
 (wall clock) with ``--radius`` and seed ``k`` (a new seed each round: the same order searched
-again with another gets past a plateau), then ``solve``'s final polish, and the result becomes the
+again with another gets past a plateau), solving ``--solve-s`` at a time, then ``solve``'s final polish, and the result becomes the
 current order when it hides at least as many collectives (bucket members counted), within the
 memory budget (the original order's peak) and at most ``--cap`` above the given schedule's
 makespan. The written schedule is the current order after the last round. Wall-clock CP-SAT:
@@ -31,13 +31,15 @@ from ..solver.spine_fill import spine_fill
 
 
 def rounds(problem, schedule: Schedule, n: int, round_s: float, radius: int, cap_share: float,
-           config: SolveConfig) -> tuple[Schedule, list[str]]:
-    """The current order after ``n`` rounds (see the module doc), and one line per round."""
+           config: SolveConfig, solve_s: float | None = None) -> tuple[Schedule, list[str]]:
+    """The current order after ``n`` rounds (see the module doc), and one line per round; each
+    round's fill solves for ``solve_s`` at a time (:func:`..solver.spine_fill.spine_fill`)."""
     budget = simulate(problem, Schedule.original(problem)).peak_memory_bytes
     cap = int(simulate(problem, schedule).makespan_ns * (1 + cap_share))
     cur, hidden, lines = schedule, simulate(problem, schedule).n_hidden_hideable_members, []
     for k in range(n):  # a new seed each round: the same start searched again can give more
-        out = spine_fill(problem, cur, budget, dataclasses.replace(config, seed=config.seed + k), round_s, radius=radius)
+        out = spine_fill(problem, cur, budget, dataclasses.replace(config, seed=config.seed + k), round_s,
+                         radius=radius, solve_s=solve_s)
         if out is None:
             lines.append(f"round {k}: no order")
             continue
@@ -53,16 +55,15 @@ def rounds(problem, schedule: Schedule, n: int, round_s: float, radius: int, cap
 
 # the offline recipe (benchmarks/certificates/README.md): solve's share of its budget for the spine
 # fill, its makespan slack for more hidden collectives, then ROUNDS rounds of ROUND_S s at RADIUS,
-# each kept within CAP of the solve's makespan. A round's fill splits its seconds over up to three
-# solves (the later ones after memory cuts) and returns at the first order within the budget, so
-# a round on a plateau costs about 20 s of its 60. From three 197-of-200 answers of the tp_2x4
-# backward (one the recipe's own 240 s solve), twelve 60 s rounds reached 198 from two (the
-# recipe's answer in round 8; 378 s for the twelve), four of 90 s from the recipe's answer alone,
-# and six of 30 s from the other two alone: 10 s per solve was too short for the recipe's answer,
-# whose one uncovered window needs compute that the memory cuts leave little room for
-# (benchmarks/certificates/README.md)
+# each kept within CAP of the solve's makespan. A round's fill solves SOLVE_S at a time, each
+# solve with a new seed and every memory cut before it, until an order covers more windows. Its
+# first solves mostly peak over the budget or give the hinted order back; with the cuts in, the
+# later ones cover the window the recipe's own answers have left uncovered on the tp_2x4 backward
+# (spine_fill's doc). Before, a fill returned its first order within the budget (about 20 s of a
+# 60 s round, 10 s per solve): twelve 60 s rounds from three 197-of-200 answers reached 198 from
+# two, and from the recipe's own answer in the compare at 61ec5d8 they stayed at 197
 OFFLINE_SPINE_SHARE, OFFLINE_HIDE_SLACK = 0.4, 0.02
-OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_RADIUS, OFFLINE_CAP = 12, 60.0, 8, 0.01
+OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_SOLVE_S, OFFLINE_RADIUS, OFFLINE_CAP = 4, 180.0, 20.0, 8, 0.01
 
 
 def offline(problem, budget_s: float, config: SolveConfig, *, n_rounds: int = OFFLINE_ROUNDS,
@@ -80,7 +81,7 @@ def offline(problem, budget_s: float, config: SolveConfig, *, n_rounds: int = OF
         return res.schedule, lines
     # the rounds polish with no slack of their own (as the certificate's did): CAP bounds them
     out, more = rounds(problem, res.schedule, n_rounds, round_s, OFFLINE_RADIUS, OFFLINE_CAP,
-                       dataclasses.replace(config, mode="free"))
+                       dataclasses.replace(config, mode="free"), solve_s=min(round_s, OFFLINE_SOLVE_S))
     return out, lines + more
 
 
@@ -90,20 +91,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("schedule")
     ap.add_argument("--rounds", type=int, default=OFFLINE_ROUNDS)
     ap.add_argument("--round-s", type=float, default=OFFLINE_ROUND_S, help="seconds of the spine fill per round")
+    ap.add_argument("--solve-s", type=float, default=OFFLINE_SOLVE_S, help="seconds per solve within a round")
     ap.add_argument("--radius", type=int, default=OFFLINE_RADIUS, help="slots an op may move (SolveConfig.spine_radius)")
     ap.add_argument("--cap", type=float, default=OFFLINE_CAP,
                     help="share above the given makespan a kept order may reach")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.radius < 1 or args.round_s <= 0 or not 0 <= args.cap <= 1:
-        ap.error("--rounds and --radius must be >= 1, --round-s > 0, --cap in [0, 1]")
+    if args.rounds < 1 or args.radius < 1 or args.round_s <= 0 or args.solve_s <= 0 or not 0 <= args.cap <= 1:
+        ap.error("--rounds and --radius must be >= 1, --round-s and --solve-s > 0, --cap in [0, 1]")
     problem = load_problem(args.problem)
     schedule = load_schedule(args.schedule)
     config = SolveConfig(mode="free", workers=args.workers, deterministic=False)
     r0 = simulate(problem, schedule)
     print(f"start: {r0.n_hidden_hideable_members}/{r0.n_hideable_members} hidden at {r0.makespan_ns / 1e3:,.1f} us")
-    out, lines = rounds(problem, schedule, args.rounds, args.round_s, args.radius, args.cap, config)
+    out, lines = rounds(problem, schedule, args.rounds, args.round_s, args.radius, args.cap, config, args.solve_s)
     print("\n".join(lines))
     save_schedule(out, args.output, problem.name)
     r = simulate(problem, out)

@@ -158,8 +158,8 @@ def _spine_rounds(problem: ScheduleProblem, polished: Schedule, budget_bytes: in
     rounds at radius 8 with the seed changed each round reached 198 at 31,332.3 us in the third
     and the fourth, where rounds with one seed had returned the same order (benchmarks/RESULTS.md).
     On a wall clock each round gets what is left up to ``end`` (the fill returns once an order
-    fits the budget: about 20 s of 30 there); in deterministic time (``end`` None)
-    ``spine_s / SPINE_ROUNDS``."""
+    within the budget covers a window more, else at the end of its time, solving a third of it at
+    a time); in deterministic time (``end`` None) ``spine_s / SPINE_ROUNDS``."""
     best_res = simulate(problem, polished)
     best, start, hidden = polished, polished, best_res.n_hidden_hideable_members
     for k in range(SPINE_ROUNDS):

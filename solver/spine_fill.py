@@ -17,7 +17,7 @@ slot, and one CP-SAT model chooses them all:
   earlier than its issues, and memory, exactly: the bytes live at an op in a slot (each storage
   from its allocator to its last reader, ops in a slot in the incumbent's order) at most the
   budget, at every chain op from the start and, lazily, at the highest ops of each slot where a
-  decoded order peaks over it (then the model is solved again: up to CUT_ROUNDS solves). Three
+  decoded order peaks over it (then the model is solved again, keeping every cut). Three
   keep the makespan: a long collective of the chain's group off the chain (the tp backward's
   2.15 ms all-reduce) keeps its slot and no more compute before it, and a chain window behind
   it in the group's queue counts as covered only when the compute from its issue lasts the
@@ -40,6 +40,7 @@ last polished order (what :func:`.cpsat.solve` runs) hid 189 at 31,167.5 us, the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -60,7 +61,8 @@ log = logging.getLogger(__name__)
 # one slot variable per op and a chain of up to a few hundred collectives: above this the model
 # (and the per-chain-op dependency masks) outgrow a solve's polish share
 SPINE_MAX_OPS = 6_000
-CUT_ROUNDS = 8  # solves, each after cutting the peaks of the last one's order
+CUT_ROUNDS = 8  # solves that peaked over the budget (each then cuts its peaks) before a fill gives up
+MAX_SOLVES = 32  # solves of one fill, each with a new seed and every cut before it
 CUTS_PER_SLOT = 3  # the highest ops of a slot that peaked, each cut where it sits
 # a collective of the chain's group off the chain at least this share of the chain's longest is
 # held in its slot, and the chain windows queued behind it must cover its runtime too
@@ -160,6 +162,11 @@ class SpineModel:
         self.model.ClearHints()
         for var, value in self._values:
             self.model.AddHint(var, value(slots))  # type: ignore[arg-type]
+
+    def uncovered_at(self, slots: list[int]) -> int:
+        """The chain windows whose compute under ``slots`` is shorter than their collective: the
+        fewest the model can count uncovered there (a queue may ask a cover for more)."""
+        return sum(shortfall(slots) > 0 for _, shortfall in self._deficits)
 
     def build(self) -> cp_model.CpModel:
         self.variables()
@@ -445,13 +452,26 @@ class SpineModel:
 
 
 def spine_fill(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, config: SolveConfig,
-               time_s: float, radius: int = SPINE_RADIUS) -> Schedule | None:
+               time_s: float, radius: int = SPINE_RADIUS, solve_s: float | None = None) -> Schedule | None:
     """``sched`` with compute reassigned to its chain's windows (see the module doc), or None: not
     free mode, too large a graph (SPINE_MAX_OPS), no chain, no chain collective stalled, no
-    answer within ``time_s``, or every one of the CUT_ROUNDS solves (sharing ``time_s``) peaked
-    over ``budget_bytes`` (or ``sched``'s peak, if higher). On a wall clock ``time_s`` covers the
-    model build too; in deterministic mode it is CP-SAT's deterministic time alone. The result is
-    valid; its makespan is not checked (the caller polishes and compares)."""
+    answer within ``time_s``, or every solve peaked over ``budget_bytes`` (or ``sched``'s peak, if
+    higher) until CUT_ROUNDS of them had or a peak could not be cut.
+
+    The model is solved again and again, each solve for ``solve_s`` (None: a third of ``time_s``)
+    with the next seed, keeping every memory cut the ones before added, until a decoded order
+    within the budget leaves fewer chain windows uncovered than ``sched`` (returned at once), a
+    solve proves its order optimal, MAX_SOLVES solves, or ``time_s``; then the order within the
+    budget with the fewest windows uncovered. The cuts are what the later solves gain: on the
+    tp_2x4 backward from a 197-of-200 answer whose one uncovered window needed compute the
+    memory cuts leave little room for, 20 s solves found no cover in the first three (each
+    peaking, or returning the hinted order) and then covered it in four of the next six, within
+    the budget: 198 hidden at 31,338.1 us after the polish, where a fill that returned its first
+    order within the budget gave the same order back round after round.
+
+    On a wall clock ``time_s`` covers the model build too; in deterministic mode it is CP-SAT's
+    deterministic time alone. The result is valid; its makespan is not checked (the caller
+    polishes and compares)."""
     if config.mode != "free" or len(problem.ops) > SPINE_MAX_OPS or time_s <= 0:
         return None
     spine = spine_of(problem, sched)
@@ -464,23 +484,33 @@ def spine_fill(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, con
     end = time.perf_counter() + time_s  # on a wall clock, the build counts too (about 1 s at 2,400 ops)
     builder = SpineModel(problem, sched, spine, max(budget_bytes, res.peak_memory_bytes), radius)
     builder.build()
-    used = 0.0  # deterministic seconds spent
-    for k in range(CUT_ROUNDS):
+    was = builder.uncovered_at([int(s) for s in builder.inc])
+    slice_s = time_s / 3 if solve_s is None else solve_s
+    used, cuts = 0.0, 0  # deterministic seconds spent; solves that peaked
+    best: tuple[int, Schedule] | None = None  # (windows uncovered, order) within the budget
+    for k in range(MAX_SOLVES):
         left = (time_s - used) if config.deterministic else (end - time.perf_counter())
-        share = left / min(3, CUT_ROUNDS - k)  # a third of what is left; every round is hinted the incumbent (valid under every cut)
-        if share <= 0:
-            return None
-        solver = make_solver(config, share, lns=True)
-        if solver.Solve(builder.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return None
+        if left <= 0:
+            break
+        # every solve is hinted the incumbent (valid under every cut)
+        solver = make_solver(dataclasses.replace(config, seed=config.seed + k), min(left, slice_s), lns=True)
+        status = solver.Solve(builder.model)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
         used += solver.deterministic_time / config.deterministic_rate
         cand = builder.decode(solver)
         curve = np.asarray(memory_curve(problem, cand)[1])
-        log.debug("spine_fill %s: round %d, %d-collective chain, %d of its windows uncovered, %d positions over budget",
-                  problem.name, k, len(spine.chain), sum(1 - solver.Value(c) for c in builder.cover),
+        uncovered = sum(1 - solver.Value(c) for c in builder.cover)
+        log.debug("spine_fill %s: solve %d, %d-collective chain, %d of its windows uncovered (%d before), "
+                  "%d positions over budget", problem.name, k, len(spine.chain), uncovered, was,
                   int((curve > builder.budget).sum()))
-        if not (curve > builder.budget).any():
-            return cand
-        if not builder.cut_peaks(cand, curve):
-            return None  # nothing new to cut: the model cannot see this peak
-    return None
+        if (curve > builder.budget).any():
+            cuts += 1
+            if cuts >= CUT_ROUNDS or not builder.cut_peaks(cand, curve):
+                break  # out of cut rounds, or nothing new to cut: the model cannot see this peak
+            continue
+        if best is None or uncovered < best[0]:
+            best = (uncovered, cand)
+        if uncovered < was or status == cp_model.OPTIMAL:
+            break  # a gain, or none under these cuts (and the order is within the budget: none at all)
+    return None if best is None else best[1]

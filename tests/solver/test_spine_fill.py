@@ -409,3 +409,72 @@ def test_the_rounds_go_on_from_a_tie_and_go_back_from_fewer(monkeypatch) -> None
     r = solve(p, 5, dataclasses.replace(FREE, spine_share=0.2))
     assert [s.order for s in starts] == [answer.order, answer.order, tie.order, best.order]
     assert r.schedule.order == best.order and r.objective == 65
+
+
+class _HintSolver:
+    """A CP-SAT solver that, for its first ``hinted`` solves, answers the model's hint (the given
+    order: a feasible solution with no gain) and then solves for real; it records each solve's
+    seed. What a wall-clock solve that finds nothing better in its time returns."""
+
+    def __init__(self, real: cp_model.CpSolver, log: list[int], hinted: int) -> None:
+        self.real, self.log, self.hinted, self.hint = real, log, hinted, None
+        self.deterministic_time = 0.0
+
+    def Solve(self, model: cp_model.CpModel):  # noqa: N802 (CP-SAT's name)
+        self.log.append(self.real.parameters.random_seed)
+        if len(self.log) <= self.hinted:
+            h = model.Proto().solution_hint
+            self.hint = dict(zip(h.vars, h.values))
+            return cp_model.FEASIBLE
+        status = self.real.Solve(model)
+        self.deterministic_time = self.real.deterministic_time
+        return status
+
+    def Value(self, var):  # noqa: N802
+        return self.hint[var.Index()] if self.hint is not None else self.real.Value(var)
+
+
+def _hinted_solvers(monkeypatch, hinted: int) -> tuple[list[int], list[int]]:
+    """Patch the fill's solvers (:class:`_HintSolver`); the seeds solved with, and the builds."""
+    import fxsched.solver.spine_fill as sf
+
+    seeds: list[int] = []
+    builds: list[int] = []
+    monkeypatch.setattr(sf, "make_solver", lambda *a, **k: _HintSolver(make_solver(*a, **k), seeds, hinted))
+    real = sf.SpineModel.build
+
+    def counted(self):
+        builds.append(1)
+        return real(self)
+
+    monkeypatch.setattr(sf.SpineModel, "build", counted)
+    return seeds, builds
+
+
+def test_the_fill_solves_again_with_the_next_seed_until_a_window_is_covered(monkeypatch) -> None:
+    """Solves that give the given order back (no window covered that it left uncovered: c2's, on
+    _short_fillers) do not end the fill: the same model is solved again with the next seed until
+    one covers c2's window (both hidden in 65 ns, the hand-derived optimum), and that is returned."""
+    p = _short_fillers()
+    base = Schedule.original(p)
+    seeds, builds = _hinted_solvers(monkeypatch, hinted=2)
+    out = spine_fill(p, base, 10**9, dataclasses.replace(FREE, seed=7), 5.0)
+    assert seeds == [7, 8, 9] and builds == [1]  # one model, three solves, a new seed each
+    assert out is not None and not check_schedule(p, out)
+    r = simulate(p, out)
+    assert (r.makespan_ns, r.n_hidden_hideable) == (65, 2)
+
+
+def test_a_fill_with_no_gain_returns_the_best_order_it_decoded(monkeypatch) -> None:
+    """Where no solve covers more (every one answers the hint), the fill stops after MAX_SOLVES
+    and returns the best order within the budget it decoded: the given one."""
+    import fxsched.solver.spine_fill as sf
+
+    p = _short_fillers()
+    base = Schedule.original(p)
+    monkeypatch.setattr(sf, "MAX_SOLVES", 4)
+    seeds, _ = _hinted_solvers(monkeypatch, hinted=10**6)
+    out = spine_fill(p, base, 10**9, FREE, 5.0)
+    assert seeds == [0, 1, 2, 3]
+    assert out is not None and out.order == base.order
+
