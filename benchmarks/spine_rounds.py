@@ -7,10 +7,10 @@
 that ranks by makespan alone, and keep only what is no longer than the answer. Here each round
 ``k`` runs :func:`..solver.spine_fill.spine_fill` on the current order for ``--round-s`` seconds
 (wall clock) with ``--radius`` and seed ``k`` (a new seed each round: the same order searched
-again with another gets past a plateau), solving ``--solve-s`` at a time, then ``solve``'s final polish, and the result becomes the
-current order when it hides at least as many collectives (bucket members counted), within the
-memory budget (the original order's peak) and at most ``--cap`` above the given schedule's
-makespan. The written schedule is the current order after the last round. Wall-clock CP-SAT:
+again with another gets past a plateau), solving ``--solve-s`` at a time, then ``solve``'s final
+polish, and the result becomes the current order when it hides at least as many collectives
+(bucket members counted), within the memory budget (the original order's peak) and at most
+``--cap`` above the given schedule's makespan. The written schedule is the current order after the last round. Wall-clock CP-SAT:
 another run may differ.
 
 :func:`offline` is the whole offline recipe the compare's ``--offline-budget`` row runs: a
@@ -81,7 +81,7 @@ def offline(problem, budget_s: float, config: SolveConfig, *, n_rounds: int = OF
         return res.schedule, lines
     # the rounds polish with no slack of their own (as the certificate's did): CAP bounds them
     out, more = rounds(problem, res.schedule, n_rounds, round_s, OFFLINE_RADIUS, OFFLINE_CAP,
-                       dataclasses.replace(config, mode="free"), solve_s=min(round_s, OFFLINE_SOLVE_S))
+                       dataclasses.replace(config, mode="free"), solve_s=OFFLINE_SOLVE_S)
     return out, lines + more
 
 
