@@ -9,12 +9,17 @@ buckets. DESIGN.md counts the collectives whose waits stall ("hidden/hideable"),
 target counts them member by member.
 
 Each bucket (those whose waits stall first, least exposed first) is tried dissolved (its members
-alone) and, from three members up, halved: its earlier and later members by program position,
-each half a bucket again or, alone, a lone collective. A split keeps the order, so it is valid:
-each half is issued at its last member's position, no later than the bucket was, and every
-member's wait stays after that. Each candidate is polished by :func:`.hide.hide_collectives` and
-ranked by the collectives hidden (a bucket's members each counted), then the makespan; the best
-is kept when it ranks above the schedule (more hidden, or as many in a shorter makespan) within
+alone) and, from three members up, halved (its earlier and later members by program position),
+with its last member alone, and, from four up, with its first member alone; each part of two or
+more a bucket again. The last member alone is for a communication-bound tail: every compute op
+there feeds a collective, so the last unit issued is waited with no compute left to hide it, and
+a bucket there leaves every member exposed. Alone, its last member takes the stall, and the rest
+is issued at the member before, under the last compute. The first member alone is issued no
+later, and can start before the others are ready. A split keeps the order, so it is valid: each
+part is issued at its last member's position, no later than the bucket was, and every member's
+wait stays after that. Each candidate is polished by :func:`.hide.hide_collectives` and ranked by
+the collectives hidden (a bucket's members each counted), then the makespan; the best is kept
+when it ranks above the schedule (more hidden, or as many in a shorter makespan) within
 ``max_makespan_ns`` (by default the input's makespan: never longer) and ``budget_bytes`` (by
 default the input's peak), and the pass runs again from it until no split gains.
 
@@ -24,8 +29,12 @@ tensor-parallel group, hidden. Dissolved and polished (8 tries of 400 candidates
 60 s answer (185 of 198 units hidden, 187 of 200 collectives, 31,192.6 us) became 187 of 200 at
 31,190.6 us, and 189 of 200 at 31,282.8 us with 0.5% of slack; a 240 s answer with the spine
 fill (191 of 198, 193 of 200, 31,143.4 us) became 193 of 200 at 31,141.4 us, and 195 of 200 at
-31,290.5 us with 0.5%. On the 4-node backward's 60 s answer (8 buckets, 110 of 149 hidden) no
-split gains within 0.5%.
+31,290.5 us with 0.5%. On the 4-node backward's 60 s answer (8 buckets, 110 of 149 collectives
+hidden at 160,112.3 us, its last bucket of 27 reductions exposed 39.2 ms), halves and dissolves
+gained nothing within 0.5%, and 121 with 5%. With the last member alone it hides 119 with 0.5%
+of slack (160,631.7 us), 121 with 1%, and 147 with 5% (164,678.3 us, original peak): the tail's
+embedding reduction alone takes 42.8 ms of stall, and one gather of the first layer the 7.1 ms
+of the start (2.8 s, 2 cores).
 """
 
 from __future__ import annotations
@@ -51,9 +60,10 @@ def hidden_key(res: SimResult) -> tuple[int, int]:
 
 
 def splits(problem: ScheduleProblem, schedule: Schedule, res: SimResult | None = None) -> Iterator[Schedule]:
-    """Each bucket of ``schedule`` dissolved, then (three members or more) halved by position: the
-    buckets whose waits stall first, least exposed first (``res``: the schedule's simulation), then
-    the others, whose members are hidden already but whose copy and latency may stall others."""
+    """Each bucket of ``schedule`` dissolved, then (three members or more) halved by position and
+    with its last member alone, then (four or more) with its first member alone: the buckets whose
+    waits stall first, least exposed first (``res``: the schedule's simulation), then the others,
+    whose members are hidden already but whose copy and latency may stall others."""
     res = simulate(problem, schedule) if res is None else res
     pos = {name: k for k, name in enumerate(schedule.order)}
     exposed = {frozenset(t.members): t.exposed_ns for t in res.collectives if len(t.members) > 1}
@@ -66,9 +76,13 @@ def splits(problem: ScheduleProblem, schedule: Schedule, res: SimResult | None =
         yield Schedule(schedule.order, rest, schedule.multi_dtype)
         if len(members) >= 3:
             by_pos = sorted(members, key=lambda m: pos[m])
-            early = set(by_pos[:len(by_pos) // 2])
-            halves = (tuple(m for m in members if m in early), tuple(m for m in members if m not in early))
-            yield Schedule(schedule.order, rest + tuple(h for h in halves if len(h) >= 2), schedule.multi_dtype)
+            cuts = [len(by_pos) // 2, len(by_pos) - 1]  # halved, then the last member alone
+            if len(by_pos) >= 4:
+                cuts.append(1)  # the first member alone (for three, the halves)
+            for cut in cuts:
+                early = set(by_pos[:cut])
+                parts = (tuple(m for m in members if m in early), tuple(m for m in members if m not in early))
+                yield Schedule(schedule.order, rest + tuple(h for h in parts if len(h) >= 2), schedule.multi_dtype)
 
 
 def split_buckets(problem: ScheduleProblem, schedule: Schedule, *, max_makespan_ns: int | None = None,

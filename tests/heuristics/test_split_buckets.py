@@ -81,14 +81,59 @@ def test_a_bucket_is_halved_where_dissolving_it_would_queue() -> None:
     p, bucketed = _one_early_two_late()
     r0 = simulate(p, bucketed)
     assert (r0.makespan_ns, r0.n_hidden_hideable_members) == (220, 0)
-    dissolved, halved = list(splits(p, bucketed))
-    assert dissolved.buckets == () and halved.buckets == (("c2", "c3"),)
-    assert (simulate(p, dissolved).makespan_ns, simulate(p, halved).makespan_ns) == (310, 210)
+    dissolved, halved, last_alone = list(splits(p, bucketed))
+    assert dissolved.buckets == () and halved.buckets == (("c2", "c3"),) and last_alone.buckets == (("c1", "c2"),)
+    # last alone: (c1, c2) issued at c2's place (100) runs 100..200, c3 queues 200..300; w1
+    # stalls to 200, y 200..210, w3 stalls to 300, q 300..310, none hidden
+    assert [simulate(p, s).makespan_ns for s in (dissolved, halved, last_alone)] == [310, 210, 310]
+    assert simulate(p, last_alone).n_hidden_hideable_members == 0
     out = split_buckets(p, bucketed)
     assert out.buckets == (("c2", "c3"),)
     r = simulate(p, out)
     assert (r.makespan_ns, r.n_hidden_hideable_members) == (210, 1)
     assert _most_members_hidden(p, 220) == 1 and _most_members_hidden(p, 10**9) == 2
+
+
+def _tail_of_three():
+    """c1 needs a, c2 needs b, c3 needs d (a, b 100 ns; d 150 ns, the last compute): all-reduces
+    on A, 150 ns alone and 100 ns as any bucket (no copies); their waits come at the end.
+
+    One bucket, issued after d at 350: 350..450, its wait stalls 100, none hidden (450 ns).
+    The last member alone: (c1, c2) issued after b at 200 runs 200..300, under d; c3 issued at
+    350 runs 350..500. The bucket's wait (its first member's, at 350) finds it done; w3 stalls
+    150: two hidden in 500 ns. Halved by position, c1 alone (100..250) and (c2, c3) issued at 350
+    (350..450): only c1 hidden, 450 ns. Dissolved: c1 100..250, c2 250..400 and c3 400..550
+    queue, w2 stalls at 350 as well: one hidden, 550 ns. c3 needs the last compute, so its wait
+    stalls in every order: two is the most (the oracle), and it takes 500 ns."""
+    p = make_problem([compute("a", 100), coll("c1", "A", AR, runtime_ns=150, deps=["a"]),
+                      compute("b", 100), coll("c2", "A", AR, runtime_ns=150, deps=["b"]),
+                      compute("d", 150), coll("c3", "A", AR, runtime_ns=150, deps=["d"]),
+                      wait("w1", "c1"), wait("w2", "c2"), wait("w3", "c3")], groups=("A",), costs=NO_COPY)
+    return p, Schedule(tuple(op.name for op in p.ops), (("c1", "c2", "c3"),))
+
+
+def test_the_last_member_alone_hides_the_others_where_halves_and_singles_do_not() -> None:
+    p, bucketed = _tail_of_three()
+    r0 = simulate(p, bucketed)
+    assert (r0.makespan_ns, r0.n_hidden_hideable_members) == (450, 0)
+    dissolved, halved, last_alone = list(splits(p, bucketed))
+    assert last_alone.buckets == (("c1", "c2"),)
+    got = [(simulate(p, s).makespan_ns, simulate(p, s).n_hidden_hideable_members) for s in (dissolved, halved, last_alone)]
+    assert got == [(550, 1), (450, 1), (500, 2)]
+    assert _most_members_hidden(p, 499) == 1 and _most_members_hidden(p, 500) == 2 == _most_members_hidden(p, 10**9)
+    out = split_buckets(p, bucketed, max_makespan_ns=500)
+    r = simulate(p, out)
+    assert out.buckets == (("c1", "c2"),) and (r.makespan_ns, r.n_hidden_hideable_members) == (500, 2)
+    assert simulate(p, split_buckets(p, bucketed, max_makespan_ns=499)).n_hidden_hideable_members == 1
+
+
+def test_a_bucket_of_four_also_has_its_first_member_alone() -> None:
+    """From four members on, the candidates are: dissolved, halved, the last alone, the first alone."""
+    p = make_problem([coll(f"c{k}", "A", AR, runtime_ns=150) for k in range(4)]
+                     + [wait(f"w{k}", f"c{k}") for k in range(4)], groups=("A",), costs=NO_COPY)
+    bucketed = Schedule(tuple(op.name for op in p.ops), (("c0", "c1", "c2", "c3"),))
+    assert [s.buckets for s in splits(p, bucketed)] == [(), (("c0", "c1"), ("c2", "c3")), (("c0", "c1", "c2"),),
+                                                        (("c1", "c2", "c3"),)]
 
 
 def test_the_polish_of_solve_splits_buckets_within_its_slack() -> None:
