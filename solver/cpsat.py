@@ -65,11 +65,12 @@ log = logging.getLogger(__name__)
 POLISH_SHARE = 0.04  # of a wall-clock budget, kept for the final polish (about 2.4 s of a 60 s solve)
 SPINE_ROUNDS = 4  # spine fills at most, each from the last one kept
 HIDE_EVALS = 8000  # candidates the final count-first search scores (fewer on larger graphs: size_scale)
-# bucket splits the polish then tries, each polished by its HIDE_EVALS candidates (size_scale). A
-# pass scores every split of every bucket before it takes the best, and the gains come in steps:
-# on the 4-node backward's 60 s answer with 5% of slack, the first member of a gather bucket alone
-# (121 hidden), then the tail bucket's last member alone (147), in the second pass, 34 tries in
-SPLIT_TRIES = 64  # (8 stopped at 121); 1-2 s there, 2.4 s on the tp_2x4 backward
+# Bucket splits the polish then tries, each polished by split_buckets' HIDE_EVALS candidates
+# (size_scale). A pass scores every split of every bucket before it takes the best, and the gains
+# come in steps: on the 4-node backward's 60 s answer with 5% of slack, a gather bucket's first
+# member alone (121 hidden), then, 34 tries in, the tail bucket's last member alone (147; 8 tries
+# stopped at 121). 64 take 1-2 s there and 2.4 s on the tp_2x4 backward.
+SPLIT_TRIES = 64
 
 def solve(
     problem: ScheduleProblem,
