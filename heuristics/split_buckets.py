@@ -31,10 +31,10 @@ tensor-parallel group, hidden. Dissolved and polished (8 tries of 400 candidates
 fill (191 of 198, 193 of 200, 31,143.4 us) became 193 of 200 at 31,141.4 us, and 195 of 200 at
 31,290.5 us with 0.5%. On the 4-node backward's 60 s answer (8 buckets, 110 of 149 collectives
 hidden at 160,112.3 us, its last bucket of 27 reductions exposed 39.2 ms), halves and dissolves
-gained nothing within 0.5%, and 121 with 5%. With the last member alone it hides 119 with 0.5%
-of slack (160,631.7 us), 121 with 1%, and 147 with 5% (164,678.3 us, original peak): the tail's
-embedding reduction alone takes 42.8 ms of stall, and one gather of the first layer the 7.1 ms
-of the start (2.8 s, 2 cores).
+gained nothing within 0.5%, and 121 with 5%. With the last member alone this pass (no try
+limit) hides 119 with 0.5% of slack (160,631.7 us), 121 with 1%, and 147 with 5% (164,678.3 us,
+original peak): the tail's embedding reduction alone takes 42.8 ms of stall, and one gather of
+the first layer the 7.1 ms of the start (2.8 s, 2 cores).
 """
 
 from __future__ import annotations
