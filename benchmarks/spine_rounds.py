@@ -10,8 +10,8 @@ that ranks by makespan alone, and keep only what is no longer than the answer. H
 again with another gets past a plateau), solving ``--solve-s`` at a time, then ``solve``'s final
 polish, and the result becomes the current order when it hides at least as many collectives
 (bucket members counted), within the memory budget (the original order's peak) and at most
-``--cap`` above the given schedule's makespan. The written schedule is the current order after the last round. Wall-clock CP-SAT:
-another run may differ.
+``--cap`` above the given schedule's makespan. The written schedule is the current order after
+the last round. Wall-clock CP-SAT: another run may differ.
 
 :func:`offline` is the whole offline recipe the compare's ``--offline-budget`` row runs: a
 free-order ``solve`` with the spine fill and some makespan slack, then these rounds (the steps that
