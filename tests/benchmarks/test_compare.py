@@ -263,6 +263,37 @@ def test_hidden_target_counts_a_stalled_buckets_members_too() -> None:
         "each bucket's members: 100/102 (98.0%); 99% target FAILS")
 
 
+def test_hidden_target_counts_a_hidden_buckets_members_not_its_unit() -> None:
+    """Hand-derived, the converse of the test above. 101 gathers of 200 B on group A (5020 ns each
+    alone, curve 5000 ns + 0.1 ns/B) and x (20,000 ns) independent of them all. The order issues
+    c100 alone and waits it at once (a 5020 ns stall), then issues the bucket c0..c99 (7000 ns,
+    after its 1 ns copy-in), runs x (5021 to 25,021 ns) and waits the bucket, which ended at
+    12,021 ns: hidden (then its 1 ns copy-out: 25,022 ns in all). Units: 1 of 2 hidden, 50%; the graph's collectives: 100 of 101, 99.0%, so
+    the target HOLDS (in Inductor's sense too, c100 ran beside no compute). The bound proves none
+    exposed (one bucket of all 101 takes 7020 ns, under x), so it applies."""
+    from fxsched.solver.bounds import forced_exposed, makespan_lower_bound
+
+    from tests.solver.solver_builders import coll, compute, curves_for, make_problem, wait
+
+    n = 101
+    p = make_problem([op for k in range(n) for op in (
+        coll(f"c{k}", runtime_ns=5_020, bytes_in=100, bytes_out=100), wait(f"w{k}", f"c{k}"))]
+        + [compute("x", 20_000, heavy=True)], groups=("A",))
+    p = dataclasses.replace(p, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))),
+                            bucket_costs=BucketCosts(memory_bandwidth_gbps=100_000.0, launch_overhead_ns=0))
+    order = ["c100", "w100"] + [f"c{k}" for k in range(100)] + ["x"] + [f"w{k}" for k in range(100)]
+    res = simulate(p, Schedule(tuple(order), (tuple(f"c{k}" for k in range(100)),)))
+    assert (res.n_hidden_hideable, res.n_hideable, res.n_hidden_hideable_members, res.n_hideable_members) == (
+        1, 2, 100, 101)
+    assert res.exposed_ns == 5_020 and res.makespan_ns == 25_022
+    rows = [compare.Row("original order", simulate(p), 0.0), compare.Row("cpsat", res, 0.0)]
+    r = compare.PartReport(p, rows, makespan_lower_bound(p).makespan_ns, [], forced_exposed=forced_exposed(p))
+    assert r.global_bound_ns == 20_000 and r.forced_exposed == 0
+    assert r.hidden_target(r.rows[1]) == (
+        "hidden 1/2 hideable (50.0%; in Inductor's sense, not fully exposed: 1/2, 50.0%); counting "
+        "each bucket's members: 100/101 (99.0%); 99% target HOLDS")
+
+
 def test_per_collective_table_lists_the_exposed_by_what_limits_them() -> None:
     """Hand-derived. c1 (300 ns) feeds x (200); c2 (100 ns) is independent of x and y (200 each).
     In the original order each is issued and waited at once: exposed 300 and 100 ns. Waiting on
