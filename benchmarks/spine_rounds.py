@@ -1,6 +1,6 @@
 """More rounds of the spine fill on a saved schedule: an offline solve taken further.
 
-    python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 4 --round-s 180 \\
+    python -m fxsched.benchmarks.spine_rounds problem.json schedule.json --rounds 12 --round-s 60 \\
         --solve-s 20 --radius 8 --cap 0.01 --workers 2 -o out.json
 
 ``solve``'s own spine rounds (``SolveConfig.spine_share``) share the solve's budget with a search
@@ -64,9 +64,12 @@ def rounds(problem, schedule: Schedule, n: int, round_s: float, radius: int, cap
 # two, and from the recipe's own answer in the compare at 61ec5d8 they stayed at 197. The slack:
 # 5%, where the bucket splits hide 147 of the 4-node backward's 149 collectives from its 60 s
 # answer (121 with 2%: its tail bucket's last member alone needs 3.2 ms more, split_buckets' doc);
-# its exposed time is then about 0.33x Inductor's
+# its exposed time is then about 0.33x Inductor's. The rounds: twelve of 60 s (the same 720 s as
+# four of 180 s). What gets a round past a plateau is its new seed, and a fill that finds nothing
+# stops at its time: from the 197-of-200 answer at 31,467.9 us, two 180 s rounds stayed at 197 and
+# ten 60 s rounds (after 28ddbe7) reached 198 at 31,332.3 us in the fifth
 OFFLINE_SPINE_SHARE, OFFLINE_HIDE_SLACK = 0.4, 0.05
-OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_SOLVE_S, OFFLINE_RADIUS, OFFLINE_CAP = 4, 180.0, 20.0, 8, 0.01
+OFFLINE_ROUNDS, OFFLINE_ROUND_S, OFFLINE_SOLVE_S, OFFLINE_RADIUS, OFFLINE_CAP = 12, 60.0, 20.0, 8, 0.01
 
 
 def offline(problem, budget_s: float, config: SolveConfig, *, n_rounds: int = OFFLINE_ROUNDS,
