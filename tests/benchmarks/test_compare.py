@@ -181,6 +181,18 @@ def test_schedule_of_original_problem_is_unchanged_by_mapping(ext: Extraction) -
     assert map_schedule(ext.problem, run) == Schedule.original(ext.problem)
 
 
+def _gathers_beside(n: int, x_ns: int):
+    """``n`` gathers of 200 B on group A (5020 ns each alone, curve 5000 ns + 0.1 ns/B, copies of
+    1 ns at 100,000 GB/s) and one compute op x of ``x_ns``, independent of them all."""
+    from tests.solver.solver_builders import coll, compute, curves_for, make_problem, wait
+
+    p = make_problem([op for k in range(n) for op in (
+        coll(f"c{k}", runtime_ns=5_020, bytes_in=100, bytes_out=100), wait(f"w{k}", f"c{k}"))]
+        + [compute("x", x_ns, heavy=True)], groups=("A",))
+    return dataclasses.replace(p, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))),
+                               bucket_costs=BucketCosts(memory_bandwidth_gbps=100_000.0, launch_overhead_ns=0))
+
+
 def test_hidden_target_is_waived_only_where_the_bounds_put_it_out_of_reach() -> None:
     """Hand-derived. ``free``: two collectives on one group, 100 ns each, under 200 ns of
     independent compute: the bound's exposed part is 0, so the 99% target applies; the original
@@ -196,18 +208,14 @@ def test_hidden_target_is_waived_only_where_the_bounds_put_it_out_of_reach() -> 
     from fxsched.heuristics import overlap_schedule
     from fxsched.solver.bounds import forced_exposed, makespan_lower_bound
 
-    from tests.solver.solver_builders import coll, compute, curves_for, make_problem, wait
+    from tests.solver.solver_builders import coll, compute, make_problem, wait
 
     free = make_problem([coll("c1", runtime_ns=100), wait("w1", "c1"), coll("c2", runtime_ns=100), wait("w2", "c2"),
                          compute("x", 200, heavy=True), compute("y", 200, deps=["x"], heavy=True)])
     forced = make_problem([coll("c1", runtime_ns=1100, bytes_in=500, bytes_out=500), wait("w1", "c1"),
                            compute("x", 2000, deps=["w1"], heavy=True),
                            compute("z", 500, heavy=True)])
-    queue = make_problem([op for k in range(100) for op in (
-        coll(f"c{k}", runtime_ns=5_020, bytes_in=100, bytes_out=100), wait(f"w{k}", f"c{k}"))]
-        + [compute("x", 6000, heavy=True)], groups=("A",))
-    queue = dataclasses.replace(queue, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))),
-                                bucket_costs=BucketCosts(memory_bandwidth_gbps=100_000.0, launch_overhead_ns=0))
+    queue = _gathers_beside(100, 6000)
 
     def report(p, sched):
         rows = [compare.Row("original order", simulate(p), 0.0), compare.Row("cpsat", simulate(p, sched), 0.0)]
@@ -243,14 +251,8 @@ def test_hidden_target_counts_a_stalled_buckets_members_too() -> None:
     the bucket's 1 ns copy-in (copy_ns(200 B) at 100,000 GB/s), which runs during c0."""
     from fxsched.solver.bounds import forced_exposed, makespan_lower_bound
 
-    from tests.solver.solver_builders import coll, compute, curves_for, make_problem, wait
-
     n = 102
-    p = make_problem([op for k in range(n) for op in (
-        coll(f"c{k}", runtime_ns=5_020, bytes_in=100, bytes_out=100), wait(f"w{k}", f"c{k}"))]
-        + [compute("x", 6000, heavy=True)], groups=("A",))
-    p = dataclasses.replace(p, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))),
-                            bucket_costs=BucketCosts(memory_bandwidth_gbps=100_000.0, launch_overhead_ns=0))
+    p = _gathers_beside(n, 6000)
     order = ([f"c{k}" for k in range(n)] + ["w100", "w101", "x"] + [f"w{k}" for k in range(100)])
     res = simulate(p, Schedule(tuple(order), (("c100", "c101"),)))
     assert (res.n_hidden_hideable, res.n_hideable, res.n_hidden_hideable_members, res.n_hideable_members) == (
@@ -268,19 +270,13 @@ def test_hidden_target_counts_a_hidden_buckets_members_not_its_unit() -> None:
     alone, curve 5000 ns + 0.1 ns/B) and x (20,000 ns) independent of them all. The order issues
     c100 alone and waits it at once (a 5020 ns stall), then issues the bucket c0..c99 (7000 ns,
     after its 1 ns copy-in), runs x (5021 to 25,021 ns) and waits the bucket, which ended at
-    12,021 ns: hidden (then its 1 ns copy-out: 25,022 ns in all). Units: 1 of 2 hidden, 50%; the graph's collectives: 100 of 101, 99.0%, so
-    the target HOLDS (in Inductor's sense too, c100 ran beside no compute). The bound proves none
-    exposed (one bucket of all 101 takes 7020 ns, under x), so it applies."""
+    12,021 ns: hidden (then its 1 ns copy-out: 25,022 ns in all). Units: 1 of 2 hidden, 50%; the
+    graph's collectives: 100 of 101, 99.0%, so the target HOLDS (in Inductor's sense too, c100 ran
+    beside no compute). The bound proves none exposed (one bucket of all 101 takes 7020 ns, under
+    x), so it applies."""
     from fxsched.solver.bounds import forced_exposed, makespan_lower_bound
 
-    from tests.solver.solver_builders import coll, compute, curves_for, make_problem, wait
-
-    n = 101
-    p = make_problem([op for k in range(n) for op in (
-        coll(f"c{k}", runtime_ns=5_020, bytes_in=100, bytes_out=100), wait(f"w{k}", f"c{k}"))]
-        + [compute("x", 20_000, heavy=True)], groups=("A",))
-    p = dataclasses.replace(p, comm_curves=curves_for(("A",), ((0, 5_000), (1_000, 5_100))),
-                            bucket_costs=BucketCosts(memory_bandwidth_gbps=100_000.0, launch_overhead_ns=0))
+    p = _gathers_beside(101, 20_000)
     order = ["c100", "w100"] + [f"c{k}" for k in range(100)] + ["x"] + [f"w{k}" for k in range(100)]
     res = simulate(p, Schedule(tuple(order), (tuple(f"c{k}" for k in range(100)),)))
     assert (res.n_hidden_hideable, res.n_hideable, res.n_hidden_hideable_members, res.n_hideable_members) == (
