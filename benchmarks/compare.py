@@ -355,15 +355,16 @@ def render_collectives(label: str, rows: Sequence[CollectiveRow], most: int = PE
     if not exposed:
         return lines
     head = ["collective", "kind", "group", "MiB", "runtime us", "initial exposed us", "final exposed us",
-            "FIFO wait us", "limiting factor"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 5 + ["---"]) + "|"]
+            "FIFO wait us", "limiting factor", "to fill its stall"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 5 + ["---"] * 2) + "|"]
     for r in exposed[:most]:
         cells = [r.name, r.kind, r.group, f"{r.size_bytes / 2**20:,.1f}", _fmt_us(r.runtime_ns),
-                 _fmt_us(r.initial_exposed_ns), _fmt_us(r.final_exposed_ns), _fmt_us(r.fifo_delay_ns), r.limiting]
+                 _fmt_us(r.initial_exposed_ns), _fmt_us(r.final_exposed_ns), _fmt_us(r.fifo_delay_ns), r.limiting,
+                 r.fill]
         lines.append("| " + " | ".join(cells) + " |")
     if len(exposed) > most:
         lines.append(f"| ({len(exposed) - most} more exposed, {_fmt_us(sum(r.final_exposed_ns for r in exposed[most:]))}"
-                     " us in all) |" + " |" * 8)
+                     " us in all) |" + " |" * 9)
     return lines + [""]
 
 

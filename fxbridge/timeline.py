@@ -21,6 +21,13 @@ names what limits each collective's hiding in the final schedule, in this order:
 * ``placement``: there is room and memory for a better placement that this schedule did not take
   (other collectives may compete for the same window).
 
+For each hideable exposed one, "to fill its stall" says what running more compute before its
+wait, moved in from later in the order, would take without exposing another collective
+(:func:`..solver.stall_fill.stall_fill`): the later wait with too little slack that the compute
+must come from beyond, how much, and how much there depends on no wait in between. Where the
+movable compute falls short, no move of compute alone hides it: a wait, a bucket or the issue
+order has to change too.
+
 Nothing here imports torch.
 """
 
@@ -35,6 +42,7 @@ from typing import Any
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, placements
 from ..solver.simulator import CollectiveTiming, SimResult, simulate
+from ..solver.stall_fill import StallFill, stall_fill
 
 
 class TimelineError(RuntimeError):
@@ -146,6 +154,7 @@ class CollectiveRow:
     hideable: bool
     limiting: str
     detail: str = ""
+    fill: str = ""  # what filling its stall with compute from later takes (solver.stall_fill)
 
 
 def collective_rows(problem: ScheduleProblem, schedule: Schedule | None = None, *,
@@ -165,11 +174,13 @@ def collective_rows(problem: ScheduleProblem, schedule: Schedule | None = None, 
         infos = [problem.op_by_name[m].collective for m in c.members]
         initial_exposed = sum({id(init_of[m]): init_of[m].exposed_ns for m in c.members}.values())
         limiting, detail = analysis.limiting(c, prev)
+        fill = stall_fill(problem, final.sim, final.schedule.order, c)
         rows.append(CollectiveRow(
             name=display_name(c.members), members=c.members, kind=infos[0].kind.value, group=c.group,  # type: ignore[union-attr]
             size_bytes=sum(max(i.bytes_in, i.bytes_out) for i in infos),  # type: ignore[union-attr]
             runtime_ns=c.runtime_ns, initial_exposed_ns=initial_exposed, final_exposed_ns=c.exposed_ns,
             fifo_delay_ns=c.fifo_delay_ns, hideable=c.hideable, limiting=limiting, detail=detail,
+            fill="" if fill is None or not c.hideable else fill_text(fill),
         ))
     return rows
 
@@ -255,6 +266,14 @@ class _Analysis:
         return "placement", "room in the window, not used by this schedule"
 
 
+def fill_text(f: StallFill) -> str:
+    """One line for the table's "to fill its stall" column: the later wait where filling the stall
+    with compute moved in from later is hardest, what it needs and how much could move."""
+    est = "" if f.exact else " (an upper estimate: later collectives released by compute)"
+    where = "its wait" if f.tightest is None else f"{display_name(f.tightest)} ({_us(f.tightest_slack_ns)} us slack)"
+    return f"needs {_us(f.need_ns)} us of compute from after {where}, {_us(f.movable_ns)} us movable{est}"
+
+
 def _us(ns: int) -> str:
     return f"{ns / 1e3:,.1f}"
 
@@ -266,14 +285,14 @@ def _mib(b: int) -> str:
 def collective_table(rows: Sequence[CollectiveRow]) -> str:
     """A fixed-width text table of :func:`collective_rows`, with a total line."""
     head = ["collective", "kind", "group", "MiB", "runtime us", "initial exposed us", "final exposed us",
-            "fifo wait us", "limiting factor"]
+            "fifo wait us", "limiting factor", "to fill its stall"]
     body = [[r.name, r.kind, r.group, _mib(r.size_bytes), _us(r.runtime_ns), _us(r.initial_exposed_ns),
-             _us(r.final_exposed_ns), _us(r.fifo_delay_ns), r.limiting] for r in rows]
+             _us(r.final_exposed_ns), _us(r.fifo_delay_ns), r.limiting, r.fill] for r in rows]
     total = ["total", "", "", _mib(sum(r.size_bytes for r in rows)), _us(sum(r.runtime_ns for r in rows)),
              _us(sum(r.initial_exposed_ns for r in rows)), _us(sum(r.final_exposed_ns for r in rows)),
-             _us(sum(r.fifo_delay_ns for r in rows)), ""]
+             _us(sum(r.fifo_delay_ns for r in rows)), "", ""]
     widths = [max(len(x) for x in col) for col in zip(head, *body, total)]
-    left = {0, 1, 2, 8}
+    left = {0, 1, 2, 8, 9}
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()

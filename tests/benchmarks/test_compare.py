@@ -295,7 +295,9 @@ def test_per_collective_table_lists_the_exposed_by_what_limits_them() -> None:
     In the original order each is issued and waited at once: exposed 300 and 100 ns. Waiting on
     c2 after x and y hides it; c1 stays exposed (300 ns), and no order can hide it, since x and
     y both depend on it: one exposed row, c1, limited by "no independent compute". With one row
-    allowed of the original order's two, the most exposed (c1) is listed and the other summed."""
+    allowed of the original order's two, the most exposed (c1) is listed and the other summed. The
+    last column says what filling a hideable one's stall with later compute takes (c2: its 100 ns
+    from after w2, where x and y, 400 ns, need only w1)."""
     from tests.solver.solver_builders import coll, compute, make_problem, wait
 
     p = make_problem([coll("c1", runtime_ns=300), wait("w1", "c1"), coll("c2", runtime_ns=100), wait("w2", "c2"),
@@ -305,6 +307,9 @@ def test_per_collective_table_lists_the_exposed_by_what_limits_them() -> None:
                                   "bucketing; exposed 0.4 us before, 0.4 us after): ")
     table = [line for line in original if line.startswith(("| c1 ", "| c2 "))]
     assert [line.split(" | ")[0] for line in table] == ["| c1", "| c2"]  # most exposed first
+    # c2's 100 ns stall: no wait after w2, and x and y (400 ns) need only w1, before it: movable
+    assert table[0].endswith("| no independent compute |  |")
+    assert table[1].endswith("| needs 0.1 us of compute from after its wait, 0.4 us movable |")
     short = compare.render_collectives("original", compare.collective_rows(p), most=1)
     assert [line.split(" | ")[0] for line in short if line.startswith(("| c1 ", "| c2 "))] == ["| c1"]
     assert "| (1 more exposed, 0.1 us in all) |" in short[-2]
