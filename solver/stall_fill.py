@@ -4,11 +4,12 @@ A stall of ``s`` at a wait ``w`` goes away if ``s`` more compute runs before ``w
 moved, that compute comes from later in the order, and every op between ``w`` and where it came
 from then runs ``s`` earlier. A later wait that had ``slack`` (its collective ended that long before
 the compute stream reached it) stalls unless at least ``s - slack`` of the moved compute came from
-after it. The shift ends at the next stalled wait, whose own stall absorbs it. So a stall can be
-filled without exposing another collective only from beyond the deepest later wait (before the
-next stall) whose slack is under ``s``: :func:`stall_fill` names it, what it lacks, and how much
-compute after it depends on no wait at or after ``w`` (the most that could move in front of ``w``
-without moving a wait; memory not checked).
+after it. The shift ends at the next stalled wait, whose own stall absorbs it. So each later wait
+(before the next stall) whose slack is under ``s`` needs ``s - slack`` of the fill from beyond it,
+and the whole ``s`` must come from beyond ``w`` itself. :func:`stall_fill` compares each need with
+the compute beyond that point that depends on no wait at or after ``w`` (the most that could move in
+front of ``w`` without moving a wait; memory not checked) and names the point where the need most
+exceeds it.
 
 On a comm-bound stretch, where each collective starts when the one before it in its group ends,
 this is exact. A collective issued after ``w`` that started when it was issued would start earlier
@@ -37,7 +38,7 @@ class StallFill:
     the later wait where it is hardest: the one whose need most exceeds what could move."""
 
     stall_ns: int
-    tightest: tuple[str, ...] | None  # members of that later unit (None: no later wait has less slack)
+    tightest: tuple[str, ...] | None  # members of that later unit (None: the stalled wait's own need)
     tightest_slack_ns: int  # its slack (0 when ``tightest`` is None)
     need_ns: int  # compute that must come from after ``tightest``'s wait (after the stalled wait if None)
     movable_ns: int  # compute there that depends on no wait at or after the stalled one
@@ -52,9 +53,10 @@ class StallFill:
 def stall_fill(problem: ScheduleProblem, sim: SimResult, order: Sequence[str],
                unit: CollectiveTiming) -> StallFill | None:
     """:class:`StallFill` of ``unit`` (one of ``sim.collectives``, the result of ``order``), or
-    None when its wait does not stall (see the module doc). Every later hidden wait up to the next
-    stall whose slack is under the stall is a constraint; the one returned has the largest need
-    less movable compute."""
+    None when its wait does not stall (see the module doc). The whole stall from after its own wait,
+    and ``stall - slack`` from after every later hidden wait up to the next stall whose slack is
+    under the stall, are the constraints; the one returned has the largest need less movable
+    compute (the own wait's: ``tightest`` None)."""
     if unit.exposed_ns == 0:
         return None
     s, p = unit.exposed_ns, unit.wait_pos
@@ -69,7 +71,7 @@ def stall_fill(problem: ScheduleProblem, sim: SimResult, order: Sequence[str],
         slack = c.wait_ns - c.end_ns
         if slack < s:
             cand = StallFill(s, c.members, slack, s - slack, int(after[c.wait_pos]), True)
-            if best.tightest is None or cand.need_ns - cand.movable_ns > best.need_ns - best.movable_ns:
+            if cand.need_ns - cand.movable_ns > best.need_ns - best.movable_ns:
                 best = cand
     return dataclasses.replace(best, exact=exact)
 

@@ -104,3 +104,19 @@ def test_the_next_stall_absorbs_the_shift() -> None:
     assert {c.name: (c.exposed_ns, c.wait_ns - c.end_ns) for c in sim.collectives} == {
         "c1": (1000, -1000), "c2": (900, -900), "c3": (0, 100)}
     assert (fill.tightest, fill.need_ns, fill.movable_ns) == (None, 1000, 0)
+
+
+def test_the_whole_stall_from_after_its_wait_can_be_the_binding_need() -> None:
+    """c2 is on group B (100..1100); w2 comes at 2000 (after the stall to 1100 and a, 900): slack
+    900, so only 100 must come from beyond w2, and v (400, needs nothing) is there. But the whole
+    1000 must come from beyond w1, where only v can move (a and b need w1 or w2): 400 of 1000, so
+    that is the need reported. Pulled before w1, v leaves c1 600 exposed."""
+    p = make_problem([compute("x", 100), coll("c1", runtime_ns=1000, deps=["x"]),
+                      coll("c2", "B", runtime_ns=1000, deps=["x"]), wait("w1", "c1"),
+                      compute("a", 900, deps=["w1"]), wait("w2", "c2"), compute("v", 400),
+                      compute("b", 100, deps=["w2", "a"])])
+    fill, sim = _fill_of(p)
+    assert {c.name: (c.exposed_ns, c.wait_ns - c.end_ns) for c in sim.collectives} == {"c1": (1000, -1000), "c2": (0, 900)}
+    assert (fill.tightest, fill.need_ns, fill.movable_ns, fill.fillable) == (None, 1000, 400, False)
+    pulled = simulate(p, Schedule(("x", "c1", "c2", "v", "w1", "a", "w2", "b")))
+    assert {c.name: c.exposed_ns for c in pulled.collectives} == {"c1": 600, "c2": 0}
