@@ -42,7 +42,7 @@ from typing import Any
 from ..solver.problem import OpKind, ScheduleProblem
 from ..solver.schedule import Schedule, placements
 from ..solver.simulator import CollectiveTiming, SimResult, simulate
-from ..solver.stall_fill import StallFill, stall_fill
+from ..solver.stall_fill import StallFill, stall_fills
 
 
 class TimelineError(RuntimeError):
@@ -166,6 +166,7 @@ def collective_rows(problem: ScheduleProblem, schedule: Schedule | None = None, 
     budget = initial.sim.peak_memory_bytes if memory_budget_bytes is None else memory_budget_bytes
     init_of = {m: c for c in initial.collectives for m in c.members}
     analysis = _Analysis(problem, final, budget)
+    fills = {id(c): f for c, f in zip(final.sim.collectives, stall_fills(problem, final.sim, final.schedule.order))}
     prev_in_group: dict[str, CollectiveTiming] = {}
     rows = []
     for c in final.collectives:  # sorted by issue position: FIFO order per group
@@ -174,7 +175,7 @@ def collective_rows(problem: ScheduleProblem, schedule: Schedule | None = None, 
         infos = [problem.op_by_name[m].collective for m in c.members]
         initial_exposed = sum({id(init_of[m]): init_of[m].exposed_ns for m in c.members}.values())
         limiting, detail = analysis.limiting(c, prev)
-        fill = stall_fill(problem, final.sim, final.schedule.order, c)
+        fill = fills[id(c)]
         rows.append(CollectiveRow(
             name=display_name(c.members), members=c.members, kind=infos[0].kind.value, group=c.group,  # type: ignore[union-attr]
             size_bytes=sum(max(i.bytes_in, i.bytes_out) for i in infos),  # type: ignore[union-attr]

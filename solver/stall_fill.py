@@ -57,13 +57,44 @@ def stall_fill(problem: ScheduleProblem, sim: SimResult, order: Sequence[str],
     and ``stall - slack`` from after every later hidden wait up to the next stall whose slack is
     under the stall, are the constraints; the one returned has the largest need less movable
     compute (the own wait's: ``tightest`` None)."""
-    if unit.exposed_ns == 0:
-        return None
+    return stall_fills(problem, sim, order)[sim.collectives.index(unit)]
+
+
+def stall_fills(problem: ScheduleProblem, sim: SimResult, order: Sequence[str]) -> list[StallFill | None]:
+    """:func:`stall_fill` of every unit of ``sim.collectives``, in that order: the arrays are built
+    once, the waits that block a move are added as the stalled waits are taken from last to first,
+    and each walk stops at the next stall, so every hidden wait is walked once."""
+    idx = problem.index
+    at = np.fromiter((idx[name] for name in order), dtype=np.int64, count=len(order))
+    rt = np.array([op.runtime_ns if op.kind is OpKind.COMPUTE else 0 for op in problem.ops], dtype=np.int64)[at]
+    nbytes = (len(problem.ops) + 7) // 8
+    by_wait = sorted(range(len(sim.collectives)), key=lambda k: sim.collectives[k].wait_pos)
+    out: list[StallFill | None] = [None] * len(sim.collectives)
+    blocked, added = 0, len(by_wait)  # waits of by_wait[added:] are in ``blocked``
+    for r in range(len(by_wait) - 1, -1, -1):
+        unit = sim.collectives[by_wait[r]]
+        if unit.exposed_ns == 0:
+            continue
+        while added > 0 and sim.collectives[by_wait[added - 1]].wait_pos >= unit.wait_pos:
+            added -= 1
+            for m in sim.collectives[by_wait[added]].members:
+                blocked |= problem.descendants[idx[problem.wait_of[m]]]
+        bits = np.unpackbits(np.frombuffer(blocked.to_bytes(nbytes, "little"), dtype=np.uint8),
+                             bitorder="little")[:len(problem.ops)]
+        own = np.where(bits[at] == 1, 0, rt)
+        after = np.append(np.cumsum(own[::-1])[::-1][1:], 0)  # compute movable after each position
+        out[by_wait[r]] = _fill(unit, [sim.collectives[k] for k in by_wait[r + 1:]], after)
+    return out
+
+
+def _fill(unit: CollectiveTiming, later: Sequence[CollectiveTiming], after: np.ndarray) -> StallFill:
+    """The constraint of ``unit``'s stall with the largest need less movable compute, walking
+    ``later`` (units by wait position) up to the next stall; ``after``: movable compute after
+    each position."""
     s, p = unit.exposed_ns, unit.wait_pos
-    after = _movable_after(problem, sim, order, p)
     best = StallFill(s, None, 0, s, int(after[p]), True)
     exact = True
-    for c in sorted((c for c in sim.collectives if c.wait_pos > p), key=lambda c: c.wait_pos):
+    for c in later:
         if c.exposed_ns:  # the next stall absorbs the shift
             break
         if c.issue_pos > p and c.start_ns == c.issue_ns and c.runtime_ns:
@@ -74,22 +105,3 @@ def stall_fill(problem: ScheduleProblem, sim: SimResult, order: Sequence[str],
             if cand.need_ns - cand.movable_ns > best.need_ns - best.movable_ns:
                 best = cand
     return dataclasses.replace(best, exact=exact)
-
-
-def _movable_after(problem: ScheduleProblem, sim: SimResult, order: Sequence[str], p: int) -> np.ndarray:
-    """Per position ``q``: runtime of the compute ops after ``q`` that descend from no wait at or
-    after ``p`` (the most that could move in front of ``p``'s wait without moving a wait)."""
-    idx, n = problem.index, len(problem.ops)
-    blocked = 0
-    for c in sim.collectives:
-        if c.wait_pos >= p:
-            for m in c.members:
-                blocked |= problem.descendants[idx[problem.wait_of[m]]]
-    bits = np.unpackbits(np.frombuffer(blocked.to_bytes((n + 7) // 8, "little"), dtype=np.uint8),
-                         bitorder="little")[:n]
-    at = np.fromiter((idx[name] for name in order), dtype=np.int64, count=len(order))
-    rt = np.array([op.runtime_ns if op.kind is OpKind.COMPUTE else 0 for op in problem.ops], dtype=np.int64)
-    own = np.where(bits[at] == 1, 0, rt[at])
-    after = np.zeros(len(order) + 1, dtype=np.int64)
-    after[:-1] = np.cumsum(own[::-1])[::-1]  # from q onwards
-    return np.append(after[1:], 0)  # after q: positions q + 1 onwards
