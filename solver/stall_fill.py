@@ -23,12 +23,13 @@ slack (benchmarks/RESULTS.md). Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import OpKind, ScheduleProblem
+from .problem import OpKind, ScheduleProblem, bit_mask
 from .simulator import CollectiveTiming, SimResult
 
 
@@ -67,27 +68,25 @@ def stall_fills(problem: ScheduleProblem, sim: SimResult, order: Sequence[str]) 
     idx = problem.index
     at = np.fromiter((idx[name] for name in order), dtype=np.int64, count=len(order))
     rt = np.array([op.runtime_ns if op.kind is OpKind.COMPUTE else 0 for op in problem.ops], dtype=np.int64)[at]
-    nbytes = (len(problem.ops) + 7) // 8
     by_wait = sorted(range(len(sim.collectives)), key=lambda k: sim.collectives[k].wait_pos)
+    units = [sim.collectives[k] for k in by_wait]
     out: list[StallFill | None] = [None] * len(sim.collectives)
     blocked, added = 0, len(by_wait)  # waits of by_wait[added:] are in ``blocked``
     for r in range(len(by_wait) - 1, -1, -1):
-        unit = sim.collectives[by_wait[r]]
+        unit = units[r]
         if unit.exposed_ns == 0:
             continue
-        while added > 0 and sim.collectives[by_wait[added - 1]].wait_pos >= unit.wait_pos:
+        while added > 0 and units[added - 1].wait_pos >= unit.wait_pos:
             added -= 1
-            for m in sim.collectives[by_wait[added]].members:
+            for m in units[added].members:
                 blocked |= problem.descendants[idx[problem.wait_of[m]]]
-        bits = np.unpackbits(np.frombuffer(blocked.to_bytes(nbytes, "little"), dtype=np.uint8),
-                             bitorder="little")[:len(problem.ops)]
-        own = np.where(bits[at] == 1, 0, rt)
+        own = np.where(bit_mask(blocked, len(problem.ops))[at], 0, rt)
         after = np.append(np.cumsum(own[::-1])[::-1][1:], 0)  # compute movable after each position
-        out[by_wait[r]] = _fill(unit, [sim.collectives[k] for k in by_wait[r + 1:]], after)
+        out[by_wait[r]] = _fill(unit, itertools.islice(units, r + 1, None), after)
     return out
 
 
-def _fill(unit: CollectiveTiming, later: Sequence[CollectiveTiming], after: np.ndarray) -> StallFill:
+def _fill(unit: CollectiveTiming, later: Iterable[CollectiveTiming], after: np.ndarray) -> StallFill:
     """The constraint of ``unit``'s stall with the largest need less movable compute, walking
     ``later`` (units by wait position) up to the next stall; ``after``: movable compute after
     each position."""

@@ -1,7 +1,8 @@
 """What filling a stall takes (solver/stall_fill.py), on hand-derived timelines: a stall whose only
 filler sits before a later wait with little slack (filling it moves the stall there), the same
-stall with a filler beyond that wait, and the estimate flag when a later collective starts when
-it is issued."""
+stall with a filler beyond that wait, the estimate flag when a later collective starts when it is
+issued, the next stall absorbing the shift, the stall's own need binding; then the batched
+computation against the definition, op by op, on seeded random schedules."""
 
 from __future__ import annotations
 
@@ -32,11 +33,11 @@ def _lead(beyond: int = 0, third: bool = False):
     return make_problem(ops)
 
 
-def _fill_of(p, order=None, name="c1"):
-    sched = Schedule(tuple(order)) if order else Schedule.original(p)
-    sim = simulate(p, sched)
-    unit = next(c for c in sim.collectives if c.members == (name,))
-    return stall_fill(p, sim, sched.order, unit), sim
+def _fill_of(p):
+    """c1's :class:`StallFill` in the original order, and the order's simulation."""
+    sim = simulate(p)
+    unit = next(c for c in sim.collectives if c.members == ("c1",))
+    return stall_fill(p, sim, Schedule.original(p).order, unit), sim
 
 
 def test_filling_a_stall_from_before_a_tight_wait_moves_the_stall_there() -> None:
