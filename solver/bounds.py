@@ -102,6 +102,47 @@ def forced_exposed(problem: ScheduleProblem) -> int:
     return max(depth.values(), default=0)
 
 
+def exposed_after_compute(problem: ScheduleProblem) -> bool:
+    """Whether every schedule, in any order and with any buckets, has an exposed collective whose
+    wait comes after all compute.
+
+    It holds when every op with compute-stream time feeds a collective (is one's ancestor), every
+    collective takes time (its least runtime in any bucket, :func:`_comm_lb_fn`, is positive) and
+    every all_gather or all_to_all (the kinds whose buckets copy out after their wait) has an op
+    with compute time among its descendants. Take the unit (lone collective or bucket) issued
+    last, at time ``t``. Each op with compute time runs before the issue of a collective it feeds,
+    so by ``t`` all have run (a bucket's copy-in too, at its issue), and every copy-out has run:
+    a copy-out follows its unit's wait, which precedes that unit's descendants with compute time.
+    After ``t`` the program holds only waits and ops without compute time, so the clock stays at
+    ``t`` until a wait stalls; the last unit ends after ``t`` and its wait comes after its issue,
+    so some wait after ``t`` stalls. Hence a schedule with a single exposed collective runs all of
+    its compute without a stall: every other wait is reached with its collective complete.
+
+    On an FSDP backward every op feeds a gradient's reduce-scatter, so this holds there.
+    """
+    weights = _weights(problem)
+    cols = problem.collectives
+    if not cols:
+        return False
+    feeds = 0
+    for c in cols:
+        feeds |= problem.ancestors[problem.index[c.name]]
+    if (weights[~bit_mask(feeds, len(weights))] > 0).any():
+        return False
+    by_key: dict[tuple, list] = {}
+    for c in cols:
+        by_key.setdefault((c.collective.group, c.collective.kind), []).append(c)  # type: ignore[union-attr]
+    for (group, kind), members in by_key.items():
+        lb_fn, _ = _comm_lb_fn(problem, group, kind, members)
+        for c in members:
+            if lb_fn(1, float(c.collective.size_bytes)) <= 0:  # type: ignore[union-attr]
+                return False
+            if kind.bucket_copies_out and not weights[bit_mask(problem.descendants[problem.index[c.name]],
+                                                               len(weights))].any():
+                return False
+    return True
+
+
 # --------------------------------------------------------------------------------------------
 # A bound that holds with bucketing too: heads, tails and the cheapest possible comm per subset.
 # --------------------------------------------------------------------------------------------

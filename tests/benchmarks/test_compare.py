@@ -383,3 +383,28 @@ def test_the_summary_gives_the_offline_rows_verdict_after_the_online_ones() -> N
     assert offline == (" (the offline solve, where the cpsat free 60s row fails the hidden target): exposed 0.0 us "
                        "= 0.00x Inductor's, makespan 0.4 us, peak vs original 0.000, hidden 2/2 hideable (100.0%; in "
                        "Inductor's sense, not fully exposed: 2/2, 100.0%); 99% target HOLDS.")
+
+
+def test_hidden_target_says_what_hiding_all_but_one_takes_where_all_compute_feeds_collectives() -> None:
+    """Hand-derived. a (100) feeds c1 (300 ns); a and x (500) feed b (100), which feeds c2 (300 ns):
+    every compute op feeds a collective (bounds.exposed_after_compute). c1 is hideable (x is
+    independent of it, 500 ns against its 300) and c2 is not (all compute feeds it). The original
+    order waits each at once: c1 stalls 300 (0/1 hidden, nothing beside it), so the target FAILS,
+    and the verdict says that a collective is exposed after all compute in every schedule, so that
+    hiding all but one takes a compute stream that never stalls. Where some compute feeds no
+    collective (the other hidden-target tests), it says nothing of the kind."""
+    from fxsched.solver.bounds import exposed_after_compute, forced_exposed, makespan_lower_bound
+
+    from tests.solver.solver_builders import RS, coll, compute, make_problem, wait
+
+    p = make_problem([compute("a", 100), coll("c1", kind=RS, runtime_ns=300, deps=["a"]), wait("w1", "c1"),
+                      compute("x", 500), compute("b", 100, deps=["a", "x"]),
+                      coll("c2", kind=RS, runtime_ns=300, deps=["b"]), wait("w2", "c2")])
+    rows = [compare.Row("original order", simulate(p), 0.0), compare.Row("cpsat", simulate(p), 0.0)]
+    r = compare.PartReport(p, rows, makespan_lower_bound(p).makespan_ns, [], forced_exposed=forced_exposed(p),
+                           tail_exposed=exposed_after_compute(p))
+    assert r.tail_exposed and r.forced_exposed == 0
+    assert r.hidden_target(r.rows[1]) == (
+        "hidden 0/1 hideable (0.0%; in Inductor's sense, not fully exposed: 0/1, 0.0%); 99% target FAILS "
+        "(every compute op feeds a collective, so one is exposed after all compute in every schedule: "
+        "hiding all but one takes a compute stream that never stalls)")
