@@ -85,17 +85,13 @@ def forced_exposed(problem: ScheduleProblem) -> int:
     """
     weights = _weights(problem)
     total = int(weights.sum())
-    by_key: dict[tuple, list] = {}
-    for c in problem.collectives:
-        by_key.setdefault((c.collective.group, c.collective.kind), []).append(c)  # type: ignore[union-attr]
+    least = _least_runtimes(problem)
     forced = []
-    for (group, kind), cols in by_key.items():
-        lb_fn, _ = _comm_lb_fn(problem, group, kind, cols)
-        for c in cols:
-            i = problem.index[c.name]
-            indep = total - _bit_sum(problem.ancestors[i], weights) - _bit_sum(problem.descendants[i], weights)
-            if 0 < indep < lb_fn(1, float(c.collective.size_bytes)):  # type: ignore[union-attr]
-                forced.append(i)
+    for c in problem.collectives:
+        i = problem.index[c.name]
+        indep = total - _bit_sum(problem.ancestors[i], weights) - _bit_sum(problem.descendants[i], weights)
+        if 0 < indep < least[c.name]:
+            forced.append(i)
     depth: dict[int, int] = {}
     for i in sorted(forced):  # the problem's order is topological
         depth[i] = 1 + max((d for j, d in depth.items() if problem.ancestors[i] >> j & 1), default=0)
@@ -129,18 +125,28 @@ def exposed_after_compute(problem: ScheduleProblem) -> bool:
         feeds |= problem.ancestors[problem.index[c.name]]
     if (weights[~bit_mask(feeds, len(weights))] > 0).any():
         return False
-    by_key: dict[tuple, list] = {}
+    least = _least_runtimes(problem)
     for c in cols:
+        if least[c.name] <= 0:
+            return False
+        if c.collective.kind.bucket_copies_out and not weights[  # type: ignore[union-attr]
+                bit_mask(problem.descendants[problem.index[c.name]], len(weights))].any():
+            return False
+    return True
+
+
+def _least_runtimes(problem: ScheduleProblem) -> dict[str, float]:
+    """Per collective: the least time it takes alone or in any bucket (its kind's curve minorant
+    at its own size, :func:`_comm_lb_fn`)."""
+    by_key: dict[tuple, list] = {}
+    for c in problem.collectives:
         by_key.setdefault((c.collective.group, c.collective.kind), []).append(c)  # type: ignore[union-attr]
+    out: dict[str, float] = {}
     for (group, kind), members in by_key.items():
         lb_fn, _ = _comm_lb_fn(problem, group, kind, members)
         for c in members:
-            if lb_fn(1, float(c.collective.size_bytes)) <= 0:  # type: ignore[union-attr]
-                return False
-            if kind.bucket_copies_out and not weights[bit_mask(problem.descendants[problem.index[c.name]],
-                                                               len(weights))].any():
-                return False
-    return True
+            out[c.name] = lb_fn(1, float(c.collective.size_bytes))  # type: ignore[union-attr]
+    return out
 
 
 # --------------------------------------------------------------------------------------------
