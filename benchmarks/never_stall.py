@@ -1,0 +1,243 @@
+"""Never-stall probe: an order whose compute stream never waits, and the peak it needs.
+
+    fxsched export --graph llama_fsdp_32r_4n --part backward -o p.json
+    python -m fxsched.benchmarks.never_stall p.json
+
+Where every compute op feeds a collective (:func:`..solver.bounds.exposed_after_compute`), an
+answer that hides all but one collective has a compute stream that never stalls. The solver ranks
+schedules by makespan and, on a communication-bound graph, gathers its stalls into one at the head
+(the makespan is the comm stream's either way), so its answers say nothing about whether such an
+order exists. This probe builds one directly and reports the peak memory it took; it ignores the
+memory budget, so the answer bounds the question from one side: within this peak a never-stalling
+order exists, and a smaller budget is the only thing in its way.
+
+The list scheduler, on the shared simulator's clocks (prefixes are scored exactly: what comes
+after a prefix cannot change the prefix's clocks or memory):
+- gathers are issued in their program order, one unit at a time (a module's gathers bucketed, the
+  first ``singles`` of them alone), while the comm stream's lead over the compute clock is below
+  ``lead_ns``;
+- a reduce-scatter unit is issued only when the gathers due next still arrive ``margin_ns`` before
+  the compute that needs them (estimated from the program order), so it never delays them;
+- compute goes in program order; where the next op would wait on a gather, the op among the next
+  ``window`` that can run without waiting and adds the least memory per nanosecond runs instead;
+- reduce-scatter waits go where their collective has ended; the collective issued last is waited
+  first, after all compute, so it alone can stall.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ..solver import Schedule, simulate
+from ..solver.problem import CollectiveKind, OpKind, ScheduleProblem
+from ..solver.serialization import load_problem, save_schedule
+from ..solver.simulator import SimResult, memory_curve, timed_clocks
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Knobs of the list scheduler (times in ns)."""
+
+    singles: int = 20  # the first gathers (program order) issued alone, not in their module's bucket
+    lead_ns: int = 4_000_000  # issue the next gather while the comm stream is less than this ahead
+    margin_ns: int = 500_000  # a reduce-scatter may not push a due gather closer than this to its use
+    horizon: int = 4  # gather units checked against a reduce-scatter issue
+    window: int = 400  # program-order compute ops considered as fill
+
+    def __post_init__(self) -> None:
+        for name in ("singles", "lead_ns", "margin_ns", "horizon", "window"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ProbeConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+
+def _units(problem: ScheduleProblem, kind: CollectiveKind, singles: int) -> list[tuple[str, ...]]:
+    """The collectives of ``kind`` grouped by (module, group), in program order; the first
+    ``singles`` collectives alone."""
+    groups: dict[tuple[str | None, str], list[str]] = {}
+    for op in problem.collectives:
+        if op.collective.kind is kind:  # type: ignore[union-attr]
+            groups.setdefault((op.module, op.collective.group), []).append(op.name)  # type: ignore[union-attr]
+    units = [tuple(g) for g in groups.values()]
+    alone = [m for u in units for m in u][:singles]
+    rest = [tuple(m for m in u if m not in alone) for u in units]
+    return [(m,) for m in alone] + [u for u in rest if u]
+
+
+class _Builder:
+    """The growing prefix and its exact clocks and memory (see the module doc)."""
+
+    def __init__(self, problem: ScheduleProblem, buckets: list[tuple[str, ...]]):
+        self.p, self.buckets = problem, buckets
+        self.placed: set[str] = set()
+        self.prefix: list[str] = []
+
+    def closure(self, targets: list[str] | tuple[str, ...]) -> list[str]:
+        """``targets`` and their unplaced ancestors, in program order."""
+        seen: set[str] = set()
+        stack = list(targets)
+        while stack:
+            n = stack.pop()
+            if n in self.placed or n in seen:
+                continue
+            seen.add(n)
+            stack.extend(self.p.op_by_name[n].deps)
+        return sorted(seen, key=self.p.index.__getitem__)
+
+    def score(self, extra: list[str]) -> tuple[dict[str, int], list[int], list[int], int]:
+        """Collective ends, compute clocks and memory of prefix + ``extra`` (completed in program order)."""
+        order = self.prefix + extra
+        inside = set(order)
+        full = order + [o.name for o in self.p.ops if o.name not in inside]
+        buckets = tuple(b for b in self.buckets if len(b) > 1 and all(m in inside for m in b))
+        sched = Schedule(tuple(full), buckets)
+        timings, clocks = timed_clocks(self.p, sched)
+        _, curve = memory_curve(self.p, sched)
+        ends = {m: t.end_ns for t in timings for m in t.members}
+        return ends, clocks, curve, len(order)
+
+    def place(self, names: list[str]) -> None:
+        for n in names:
+            self.placed.add(n)
+            self.prefix.append(n)
+
+
+def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -> tuple[Schedule, SimResult]:
+    """Build an order whose compute stream tries never to wait (see the module doc); memory is not
+    capped. Returns the schedule and its simulation."""
+    p = problem
+    kind = {o.name: o.kind for o in p.ops}
+    rt = {o.name: o.runtime_ns for o in p.ops}
+    ags = _units(p, CollectiveKind.ALL_GATHER, config.singles)
+    rss = _units(p, CollectiveKind.REDUCE_SCATTER, 0)
+    last = rss[-1]  # issued last and waited first: the one unit left to stall
+    b = _Builder(p, ags + rss)
+    timed = [o.name for o in p.ops if o.kind is OpKind.COMPUTE and o.runtime_ns > 0]
+    rank = {n: i for i, n in enumerate(timed)}
+    first_use = {}
+    for u in ags:
+        desc = 0
+        for m in u:
+            desc |= p.descendants[p.index[p.wait_of[m]]]
+        first_use[u] = next(n for n in timed if desc >> p.index[n] & 1)
+
+    def due_in(u: tuple[str, ...]) -> int:  # compute left before the gather's first use
+        return sum(rt[n] for n in timed[:rank[first_use[u]]] if n not in b.placed)
+
+    def unit_rt(u: tuple[str, ...]) -> int:
+        return p.bucket_runtime_ns(u)
+
+    issued: list[tuple[str, ...]] = []
+    next_ag = 0
+    while True:
+        ends, clocks, curve, n_placed = b.score([])
+        now = clocks[n_placed - 1] if n_placed else 0
+        comm_end = max([ends[u[0]] for u in issued] or [0])
+        done = [p.wait_of[m] for u in issued if u[0] in ends and kind[u[0]] is OpKind.COLLECTIVE
+                and p.op_by_name[u[0]].collective.kind is CollectiveKind.REDUCE_SCATTER  # type: ignore[union-attr]
+                and p.wait_of[u[0]] not in b.placed and ends[u[0]] <= now for m in u]
+        if done:
+            b.place(b.closure(done))
+            continue
+        if next_ag < len(ags) and comm_end - now <= config.lead_ns:
+            seq = b.closure(ags[next_ag])
+            if not any(kind[n] is OpKind.WAIT for n in seq):
+                b.place(seq)
+                issued.append(ags[next_ag])
+                next_ag += 1
+                continue
+        ready = [u for u in rss if u != last and u not in issued
+                 and not any(kind[n] is not OpKind.COLLECTIVE and (kind[n] is OpKind.WAIT or rt[n] > 0)
+                             or (kind[n] is OpKind.COLLECTIVE and n not in u) for n in b.closure(u))]
+        if ready:
+            fits = next_ag >= len(ags)
+            if not fits:
+                end, fits = max(comm_end, now) + unit_rt(ready[0]), True
+                for u in ags[next_ag:next_ag + config.horizon]:
+                    end += unit_rt(u)
+                    if end > now + due_in(u) - config.margin_ns:
+                        fits = False
+                        break
+            if fits:
+                b.place(b.closure(ready[0]))
+                issued.append(ready[0])
+                continue
+        pick = _pick_compute(b, timed, ends, now, curve, n_placed, config.window)
+        if pick is None:
+            if next_ag < len(ags):  # everything left waits on a gather not yet issued
+                b.place(b.closure(ags[next_ag]))
+                issued.append(ags[next_ag])
+                next_ag += 1
+                continue
+            break
+        b.place(pick)
+    for u in rss:
+        if u not in issued and u != last:
+            b.place(b.closure(u))
+    b.place(b.closure(last))
+    b.place(b.closure([p.wait_of[last[0]]]))
+    b.place(b.closure([o.name for o in p.ops if o.name not in b.placed]))
+    sched = Schedule(tuple(b.prefix), tuple(u for u in ags + rss if len(u) > 1))
+    return sched, simulate(p, sched)
+
+
+def _pick_compute(b: _Builder, timed: list[str], ends: dict[str, int], now: int, curve: list[int],
+                  n_placed: int, window: int) -> list[str] | None:
+    """The next program-order compute op with its unplaced ancestors, or, where it would wait on a
+    gather, the fill among the next ``window`` that waits on nothing and adds the least memory per
+    nanosecond of compute."""
+    p = b.p
+    cands = []
+    for n in timed:
+        if n in b.placed:
+            continue
+        seq = b.closure([n])
+        if any(p.op_by_name[x].kind is OpKind.COLLECTIVE for x in seq):
+            continue
+        stall = max([ends[p.op_by_name[x].waits_on] - now for x in seq  # type: ignore[index]
+                     if p.op_by_name[x].waits_on] + [0])
+        cands.append((n, seq, stall))
+        if len(cands) >= window:
+            break
+    if not cands:
+        return None
+    if cands[0][2] <= 0:
+        return cands[0][1]
+    base = curve[n_placed - 1] if n_placed else 0
+    best: tuple[float, list[str]] | None = None
+    for n, seq, stall in cands:
+        if stall > 0:
+            continue
+        _, _, c2, l2 = b.score(seq)
+        work = sum(p.op_by_name[x].runtime_ns for x in seq) or 1
+        key = (c2[l2 - 1] - base) / work
+        if best is None or key < best[0]:
+            best = (key, seq)
+    return best[1] if best else cands[0][1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fxsched.benchmarks.never_stall", description=__doc__.splitlines()[0])
+    ap.add_argument("problem", help="problem file from `fxsched export`")
+    ap.add_argument("--singles", type=int, default=ProbeConfig.singles)
+    ap.add_argument("--lead-us", type=float, default=ProbeConfig.lead_ns / 1e3)
+    ap.add_argument("--margin-us", type=float, default=ProbeConfig.margin_ns / 1e3)
+    ap.add_argument("-o", "--output", help="schedule file to write")
+    a = ap.parse_args(argv)
+    problem = load_problem(a.problem)
+    config = ProbeConfig(singles=a.singles, lead_ns=int(a.lead_us * 1e3), margin_ns=int(a.margin_us * 1e3))
+    sched, r = never_stall(problem, config)
+    peak0 = simulate(problem, Schedule.original(problem)).peak_memory_bytes
+    stalled = [c for c in r.collectives if c.exposed_ns]
+    print(f"{problem.name}: hidden {r.n_hidden_hideable_members}/{r.n_hideable_members} collectives, "
+          f"exposed units {len(stalled)}, peak {r.peak_memory_bytes / peak0:.3f}x the original order's, "
+          f"makespan {r.makespan_ns / 1e3:,.1f} us")
+    for c in stalled:
+        print(f"  stalls: {c.name} ({len(c.members)} member(s)) {c.exposed_ns / 1e3:,.1f} us")
+    if a.output:
+        save_schedule(sched, a.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
