@@ -14,10 +14,15 @@ order exists, and a smaller budget is the only thing in its way.
 The list scheduler, on the shared simulator's clocks (prefixes are scored exactly: what comes
 after a prefix cannot change the prefix's clocks or memory):
 - gathers are issued in their program order, one unit at a time (a module's gathers bucketed, the
-  first ``singles`` of them alone), while the comm stream's lead over the compute clock is below
-  ``lead_ns``;
-- a reduce-scatter unit is issued only when the gathers due next still arrive ``margin_ns`` before
-  the compute that needs them (estimated from the program order), so it never delays them;
+  first ``singles`` of them alone), each just in time: once the comm stream would otherwise run
+  dry before the next compute op in program order ends (``issue_pad_ns`` of slack), so a
+  gathered weight is not held longer than it must be;
+- reduce-scatters are bucketed by ``rs_depth`` levels of their module path, ``rs_span`` such
+  groups to a bucket (fewer launches, a shorter comm stream), and a bucket is issued only when
+  the gathers due next still arrive ``margin_ns`` before the compute that needs them (estimated
+  from the program order), so it never delays them; the casts that only feed a reduce-scatter
+  run when it is issued, so the smaller tensor they read stays live until then instead of their
+  output;
 - compute goes in program order; where the next op would wait on a gather, the op among the next
   ``window`` that can run without waiting and adds the least memory per nanosecond runs instead;
 - reduce-scatter waits go where their collective has ended; the collective issued last is waited
@@ -40,25 +45,41 @@ class ProbeConfig:
     """Knobs of the list scheduler (times in ns)."""
 
     singles: int = 20  # the first gathers (program order) issued alone, not in their module's bucket
-    lead_ns: int = 4_000_000  # issue the next gather while the comm stream is less than this ahead
+    issue_pad_ns: int = 50_000  # a gather goes out once the comm stream has less than the next op's time + this queued
     margin_ns: int = 500_000  # a reduce-scatter may not push a due gather closer than this to its use
     horizon: int = 4  # gather units checked against a reduce-scatter issue
     window: int = 400  # program-order compute ops considered as fill
+    rs_depth: int = 2  # module-path levels a reduce-scatter bucket shares ("layers.7")
+    rs_span: int = 3  # consecutive such groups per reduce-scatter bucket
 
     def __post_init__(self) -> None:
-        for name in ("singles", "lead_ns", "margin_ns", "horizon", "window"):
+        for name in ("singles", "issue_pad_ns", "margin_ns", "horizon", "window", "rs_depth", "rs_span"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ProbeConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.rs_span < 1:
+            raise ValueError(f"ProbeConfig.rs_span must be >= 1, got {self.rs_span}")
 
 
-def _units(problem: ScheduleProblem, kind: CollectiveKind, singles: int) -> list[tuple[str, ...]]:
-    """The collectives of ``kind`` grouped by (module, group), in program order; the first
+def _units(problem: ScheduleProblem, kind: CollectiveKind, singles: int, depth: int = 3,
+           span: int = 1) -> list[tuple[str, ...]]:
+    """The collectives of ``kind`` in program order, grouped by the first ``depth`` levels of their
+    module path, ``span`` consecutive groups of one process group and dtype to a unit; the first
     ``singles`` collectives alone."""
-    groups: dict[tuple[str | None, str], list[str]] = {}
+    groups: dict[tuple[str, str, str], list[str]] = {}
     for op in problem.collectives:
-        if op.collective.kind is kind:  # type: ignore[union-attr]
-            groups.setdefault((op.module, op.collective.group), []).append(op.name)  # type: ignore[union-attr]
-    units = [tuple(g) for g in groups.values()]
+        info = op.collective
+        if info.kind is kind:  # type: ignore[union-attr]
+            path = ".".join((op.module or "").split(".")[:depth])
+            groups.setdefault((path, info.group, info.dtype), []).append(op.name)  # type: ignore[union-attr]
+    units: list[list[str]] = []
+    count, prev = 0, None
+    for (_, group, dtype), names in groups.items():
+        if units and count < span and prev == (group, dtype):
+            units[-1].extend(names)
+            count += 1
+        else:
+            units.append(list(names))
+            count, prev = 1, (group, dtype)
     alone = [m for u in units for m in u][:singles]
     rest = [tuple(m for m in u if m not in alone) for u in units]
     return [(m,) for m in alone] + [u for u in rest if u]
@@ -109,20 +130,25 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
     kind = {o.name: o.kind for o in p.ops}
     rt = {o.name: o.runtime_ns for o in p.ops}
     ags = _units(p, CollectiveKind.ALL_GATHER, config.singles)
-    rss = _units(p, CollectiveKind.REDUCE_SCATTER, 0)
-    last = rss[-1]  # issued last and waited first: the one unit left to stall
+    rss = _units(p, CollectiveKind.REDUCE_SCATTER, 0, config.rs_depth, config.rs_span)
+    if rss:  # the reduce-scatter last in program order goes alone, last: the one unit left to stall
+        tail = p.op_by_name[rss[-1][-1]].name
+        rss = [u for u in (tuple(m for m in u if m != tail) for u in rss) if u] + [(tail,)]
+    last = rss[-1] if rss else ()
     b = _Builder(p, ags + rss)
-    timed = [o.name for o in p.ops if o.kind is OpKind.COMPUTE and o.runtime_ns > 0]
+    feeds_rs = _feeds_only_reduce_scatters(p)
+    timed = [o.name for o in p.ops if o.kind is OpKind.COMPUTE and o.runtime_ns > 0 and o.name not in feeds_rs]
     rank = {n: i for i, n in enumerate(timed)}
     first_use = {}
     for u in ags:
         desc = 0
         for m in u:
             desc |= p.descendants[p.index[p.wait_of[m]]]
-        first_use[u] = next(n for n in timed if desc >> p.index[n] & 1)
+        first_use[u] = next((n for n in timed if desc >> p.index[n] & 1), None)
 
     def due_in(u: tuple[str, ...]) -> int:  # compute left before the gather's first use
-        return sum(rt[n] for n in timed[:rank[first_use[u]]] if n not in b.placed)
+        use = first_use[u]
+        return sum(rt[n] for n in (timed[:rank[use]] if use else timed) if n not in b.placed)
 
     def unit_rt(u: tuple[str, ...]) -> int:
         return p.bucket_runtime_ns(u)
@@ -139,7 +165,8 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
         if done:
             b.place(b.closure(done))
             continue
-        if next_ag < len(ags) and comm_end - now <= config.lead_ns:
+        nxt = next((n for n in timed if n not in b.placed), None)
+        if next_ag < len(ags) and comm_end - now <= (rt[nxt] if nxt else 0) + config.issue_pad_ns:
             seq = b.closure(ags[next_ag])
             if not any(kind[n] is OpKind.WAIT for n in seq):
                 b.place(seq)
@@ -147,7 +174,7 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
                 next_ag += 1
                 continue
         ready = [u for u in rss if u != last and u not in issued
-                 and not any(kind[n] is not OpKind.COLLECTIVE and (kind[n] is OpKind.WAIT or rt[n] > 0)
+                 and not any(kind[n] is not OpKind.COLLECTIVE and (kind[n] is OpKind.WAIT or rt[n] > 0 and n not in feeds_rs)
                              or (kind[n] is OpKind.COLLECTIVE and n not in u) for n in b.closure(u))]
         if ready:
             fits = next_ag >= len(ags)
@@ -181,6 +208,35 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
     return sched, simulate(p, sched)
 
 
+def _feeds_only_reduce_scatters(p: ScheduleProblem) -> set[str]:
+    """Up-casts (compute ops that write more bytes than they read) whose every use, through views,
+    is a reduce-scatter's input: placed with their collective, so the smaller tensor they read stays
+    live until then instead of their output."""
+    users = p.users
+    out: set[str] = set()
+    for op in reversed(p.ops):
+        if op.kind is OpKind.COLLECTIVE or not users[op.name]:
+            continue
+        ok = True
+        for u in users[op.name]:
+            uop = p.op_by_name[u]
+            if uop.kind is OpKind.COLLECTIVE and uop.collective.kind is CollectiveKind.REDUCE_SCATTER:  # type: ignore[union-attr]
+                continue
+            if uop.kind is OpKind.ZERO and u in out:
+                continue
+            ok = False
+            break
+        if ok and (op.kind is OpKind.ZERO or op.kind is OpKind.COMPUTE):
+            out.add(op.name)
+    size = {st.name: st.size_bytes for st in p.storages}
+
+    def grows(name: str) -> bool:  # writes more than it reads: an up-cast
+        op = p.op_by_name[name]
+        return sum(size[st] for st in op.allocates) > sum(size[st] for st in set(op.uses))
+
+    return {n for n in out if p.op_by_name[n].kind is OpKind.COMPUTE and grows(n)}
+
+
 def _pick_compute(b: _Builder, timed: list[str], ends: dict[str, int], now: int, curve: list[int],
                   n_placed: int, window: int) -> list[str] | None:
     """The next program-order compute op with its unplaced ancestors, or, where it would wait on a
@@ -201,9 +257,9 @@ def _pick_compute(b: _Builder, timed: list[str], ends: dict[str, int], now: int,
             break
     if not cands:
         return None
+    base = curve[n_placed - 1] if n_placed else 0
     if cands[0][2] <= 0:
         return cands[0][1]
-    base = curve[n_placed - 1] if n_placed else 0
     best: tuple[float, list[str]] | None = None
     for n, seq, stall in cands:
         if stall > 0:
@@ -220,12 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fxsched.benchmarks.never_stall", description=__doc__.splitlines()[0])
     ap.add_argument("problem", help="problem file from `fxsched export`")
     ap.add_argument("--singles", type=int, default=ProbeConfig.singles)
-    ap.add_argument("--lead-us", type=float, default=ProbeConfig.lead_ns / 1e3)
+    ap.add_argument("--issue-pad-us", type=float, default=ProbeConfig.issue_pad_ns / 1e3)
     ap.add_argument("--margin-us", type=float, default=ProbeConfig.margin_ns / 1e3)
     ap.add_argument("-o", "--output", help="schedule file to write")
+    ap.add_argument("--rs-depth", type=int, default=ProbeConfig.rs_depth)
+    ap.add_argument("--rs-span", type=int, default=ProbeConfig.rs_span)
     a = ap.parse_args(argv)
+    config = ProbeConfig(singles=a.singles, issue_pad_ns=int(a.issue_pad_us * 1e3), margin_ns=int(a.margin_us * 1e3),
+                         rs_depth=a.rs_depth, rs_span=a.rs_span)
     problem = load_problem(a.problem)
-    config = ProbeConfig(singles=a.singles, lead_ns=int(a.lead_us * 1e3), margin_ns=int(a.margin_us * 1e3))
     sched, r = never_stall(problem, config)
     peak0 = simulate(problem, Schedule.original(problem)).peak_memory_bytes
     stalled = [c for c in r.collectives if c.exposed_ns]

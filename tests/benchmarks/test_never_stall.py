@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from fxsched.benchmarks.never_stall import ProbeConfig, never_stall
+from fxsched.benchmarks.never_stall import ProbeConfig, _feeds_only_reduce_scatters, _units, never_stall
 from fxsched.solver import Schedule, simulate
-from tests.solver.solver_builders import RS, coll, compute, make_problem, wait
+from tests.solver.solver_builders import RS, coll, compute, make_problem, storage, wait, zero
 
 
 def _gather_then_fill():
@@ -49,3 +49,52 @@ def test_the_reduce_scatter_issued_last_is_waited_first() -> None:
 def test_config_rejects_negative_knobs() -> None:
     with pytest.raises(ValueError, match="ProbeConfig.window"):
         ProbeConfig(window=-1)
+
+
+def _two_gathers(pad_ns: int):
+    """g1 (2000 ns) feeds m1 (400), g2 (300) feeds m2 (100); a and b (1000 each) need neither; all
+    compute feeds r (a reduce-scatter, 50 ns). With no pad, g2 goes out once the queue (g1, to
+    2000) is no longer than the next op: after a, at 1000, when b (1000 ns) would outlast it. It
+    runs 2000..2300; m1 runs 2000..2400 (g1 just done), m2 2400..2500, and r, issued at 2500,
+    stalls its wait 50 ns: makespan 2550. A pad of 2 us lets g2 go out at once behind g1."""
+    ops = [coll("g1", runtime_ns=2000), wait("w1", "g1"), coll("g2", runtime_ns=300), wait("w2", "g2"),
+           compute("a", 1000), compute("b", 1000), compute("m1", 400, deps=["w1"]), compute("m2", 100, deps=["w2"]),
+           coll("r", kind=RS, runtime_ns=50, deps=["a", "b", "m1", "m2"]), wait("wr", "r")]
+    return never_stall(make_problem(ops), ProbeConfig(singles=2, issue_pad_ns=pad_ns))
+
+
+def test_a_gather_goes_out_just_in_time() -> None:
+    sched, res = _two_gathers(0)
+    assert sched.order == ("g1", "a", "g2", "b", "w1", "m1", "w2", "m2", "r", "wr")
+    assert [(c.name, c.exposed_ns) for c in res.collectives if c.exposed_ns] == [("r", 50)]
+    assert res.makespan_ns == 2550
+    early, _ = _two_gathers(2000)
+    assert early.order[:3] == ("g1", "g2", "a")
+
+
+def test_only_up_casts_that_feed_reduce_scatters_wait_for_them() -> None:
+    """x (10 B) is read through a view by c, which writes 20 B and feeds r1 alone: an up-cast, so it
+    waits for r1. m reads x and y (10 B each) and writes 10 B for r2: not an up-cast. d writes 20 B
+    from y but also feeds compute e: it stays in program order."""
+    ops = [compute("x", 10, allocates=["x"]), compute("y", 10, allocates=["y"]),
+           zero("v", deps=["x"], uses=["x"]), compute("c", 5, deps=["v"], allocates=["c"], uses=["x"]),
+           coll("r1", kind=RS, runtime_ns=50, deps=["c"], uses=["c"]), wait("w1", "r1"),
+           compute("m", 20, deps=["x", "y"], allocates=["m"], uses=["x", "y"]),
+           coll("r2", kind=RS, runtime_ns=50, deps=["m"], uses=["m"]), wait("w2", "r2"),
+           compute("d", 5, deps=["y"], allocates=["d"], uses=["y"]), compute("e", 5, deps=["d"], uses=["d"]),
+           coll("r3", kind=RS, runtime_ns=50, deps=["d"], uses=["d"]), wait("w3", "r3")]
+    storages = [storage("x", 10), storage("y", 10), storage("c", 20), storage("m", 10), storage("d", 20)]
+    assert _feeds_only_reduce_scatters(make_problem(ops, storages)) == {"c"}
+
+
+def test_reduce_scatters_bucket_by_module_path_within_one_group() -> None:
+    """Modules l.0.a, l.0.b, l.1.a at depth 2 make groups l.0 (two) and l.1; span 2 puts both
+    groups of group A in one unit; the one on group B stays apart; the first collective alone with
+    singles=1."""
+    def rs(name: str, module: str, group: str = "A"):
+        return dataclasses.replace(coll(name, group, RS, runtime_ns=10), module=module)
+    ops = [rs("r1", "l.0.a"), rs("r2", "l.0.b"), rs("r3", "l.1.a"), rs("r4", "l.1.a", "B")]
+    p = make_problem(ops + [wait(f"w{o.name}", o.name) for o in ops])
+    assert _units(p, RS, 0, depth=2, span=1) == [("r1", "r2"), ("r3",), ("r4",)]
+    assert _units(p, RS, 0, depth=2, span=2) == [("r1", "r2", "r3"), ("r4",)]
+    assert _units(p, RS, 1, depth=3, span=1) == [("r1",), ("r2",), ("r3",), ("r4",)]
