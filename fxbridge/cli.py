@@ -408,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--hint", default=None,
                    help="schedule file to start the search from instead of the warm start (a longer offline solve "
-                        "continued from an earlier one's schedule)")
+                        "continued from an earlier one's schedule; one over the memory budget is set aside, "
+                        "with a warning)")
     p.add_argument("-o", "--output", default=None, help="schedule file to write")
     p.add_argument("--cache-dir", default=None, help="install the schedule into this cache under the problem's fingerprint")
     p.add_argument("--fingerprint", default=None, help="cache key to use instead of the one the problem file records")

@@ -256,3 +256,23 @@ def test_truncated_window_hides_the_collective_behind_the_other_compute() -> Non
     assert s.Solve(b.model) == cp_model.OPTIMAL
     assert s.Value(b.window_end) == 200
     assert simulate(p, decode(b, s)).makespan_ns == 210
+
+
+def test_a_hint_over_the_memory_budget_gives_way_to_the_warm_start(caplog: pytest.LogCaptureFixture) -> None:
+    """loss_then_gather: issuing g before a (g, a, b, wg, y) keeps G (500 B) live beside T and U,
+    a peak of 100 + 500 + 1000 + 1 = 1601 B against the original order's 1101 B (the budget). A
+    search started there may never get back within the budget; the solve warns and starts from
+    its warm start, so it answers exactly as it does with no hint."""
+    from solver_builders import loss_then_gather
+
+    p = loss_then_gather()
+    hint = Schedule(("g", "a", "b", "wg", "y"))
+    assert simulate(p, hint).peak_memory_bytes == 1601 and simulate(p).peak_memory_bytes == 1101
+    cfg = SolveConfig(mode="free", max_order_literals=0, lns_rounds=2, deterministic=True, seed=0, workers=1)
+    with caplog.at_level("WARNING", logger="fxsched.solver.cpsat"):
+        hinted = solve(p, 2, cfg, hint=hint)
+    assert "exceeds the memory budget" in caplog.text
+    plain = solve(p, 2, cfg)
+    assert hinted.status == plain.status and hinted.status.name != "INFEASIBLE"
+    assert hinted.peak_memory_bytes <= 1101
+    assert hinted.schedule == plain.schedule
