@@ -272,6 +272,35 @@ def _pick_compute(b: _Builder, timed: list[str], ends: dict[str, int], now: int,
     return best[1] if best else cands[0][1]
 
 
+@dataclass(frozen=True)
+class OverRun:
+    """A run of program positions whose memory exceeds a budget: where an order needs more."""
+
+    first: int
+    last: int
+    peak_bytes: int
+    at: str  # the op at the run's highest position
+
+
+def over_budget_runs(problem: ScheduleProblem, schedule: Schedule, budget_bytes: int,
+                     gap: int = 3) -> list[OverRun]:
+    """The runs of positions of ``schedule`` over ``budget_bytes`` (runs closer than ``gap``
+    positions merged), in program order."""
+    curve = simulate(problem, schedule).memory_curve
+    runs: list[list[int]] = []
+    for i, m in enumerate(curve):
+        if m > budget_bytes:
+            if runs and i - runs[-1][-1] <= gap:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    out = []
+    for r in runs:
+        top = max(r, key=lambda i: curve[i])
+        out.append(OverRun(r[0], r[-1], curve[top], schedule.order[top]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fxsched.benchmarks.never_stall", description=__doc__.splitlines()[0])
     ap.add_argument("problem", help="problem file from `fxsched export`")
@@ -293,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
           f"makespan {r.makespan_ns / 1e3:,.1f} us")
     for c in stalled:
         print(f"  stalls: {c.name} ({len(c.members)} member(s)) {c.exposed_ns / 1e3:,.1f} us")
+    for run in over_budget_runs(problem, sched, peak0):
+        print(f"  over the original peak at positions {run.first}-{run.last}: "
+              f"{run.peak_bytes / peak0:.3f}x at {run.at}")
     if a.output:
         save_schedule(sched, a.output)
     return 0

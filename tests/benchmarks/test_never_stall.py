@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from fxsched.benchmarks.never_stall import ProbeConfig, _feeds_only_reduce_scatters, _units, never_stall
+from fxsched.benchmarks.never_stall import ProbeConfig, _feeds_only_reduce_scatters, _units, never_stall, over_budget_runs
 from fxsched.solver import Schedule, simulate
 from tests.solver.solver_builders import RS, coll, compute, make_problem, storage, wait, zero
 
@@ -98,3 +98,15 @@ def test_reduce_scatters_bucket_by_module_path_within_one_group() -> None:
     assert _units(p, RS, 0, depth=2, span=1) == [("r1", "r2"), ("r3",), ("r4",)]
     assert _units(p, RS, 0, depth=2, span=2) == [("r1", "r2", "r3"), ("r4",)]
     assert _units(p, RS, 1, depth=3, span=1) == [("r1",), ("r2",), ("r3",), ("r4",)]
+
+
+def test_over_budget_runs_name_where_an_order_needs_more() -> None:
+    """loss_then_gather in the order g, a, b, wg, y: pg (100 B) and G (500) live from g, T (1000)
+    from a, U (1) from b; T dies after b. Positions 1 (1600 B) and 2 (1601 B) exceed the original
+    order's 1101 B; the run's top is b."""
+    from tests.solver.solver_builders import loss_then_gather
+
+    p = loss_then_gather()
+    runs = over_budget_runs(p, Schedule(("g", "a", "b", "wg", "y")), 1101)
+    assert [(r.first, r.last, r.peak_bytes, r.at) for r in runs] == [(1, 2, 1601, "b")]
+    assert over_budget_runs(p, Schedule.original(p), 1101) == []
