@@ -132,7 +132,7 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
     ags = _units(p, CollectiveKind.ALL_GATHER, config.singles)
     rss = _units(p, CollectiveKind.REDUCE_SCATTER, 0, config.rs_depth, config.rs_span)
     if rss:  # the reduce-scatter last in program order goes alone, last: the one unit left to stall
-        tail = p.op_by_name[rss[-1][-1]].name
+        tail = max((m for u in rss for m in u), key=p.index.__getitem__)
         rss = [u for u in (tuple(m for m in u if m != tail) for u in rss) if u] + [(tail,)]
     last = rss[-1] if rss else ()
     b = _Builder(p, ags + rss)
@@ -201,8 +201,9 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
     for u in rss:
         if u not in issued and u != last:
             b.place(b.closure(u))
-    b.place(b.closure(last))
-    b.place(b.closure([p.wait_of[last[0]]]))
+    if last:
+        b.place(b.closure(last))
+        b.place(b.closure([p.wait_of[last[0]]]))
     b.place(b.closure([o.name for o in p.ops if o.name not in b.placed]))
     sched = Schedule(tuple(b.prefix), tuple(u for u in ags + rss if len(u) > 1))
     return sched, simulate(p, sched)

@@ -110,3 +110,11 @@ def test_over_budget_runs_name_where_an_order_needs_more() -> None:
     runs = over_budget_runs(p, Schedule(("g", "a", "b", "wg", "y")), 1101)
     assert [(r.first, r.last, r.peak_bytes, r.at) for r in runs] == [(1, 2, 1601, "b")]
     assert over_budget_runs(p, Schedule.original(p), 1101) == []
+
+
+def test_a_graph_without_reduce_scatters() -> None:
+    """g (300 ns) feeds m (100); f (400) needs nothing: f covers g, nothing stalls, makespan 500."""
+    p = make_problem([coll("g", runtime_ns=300), wait("vg", "g"), compute("m", 100, deps=["vg"]), compute("f", 400)])
+    sched, res = never_stall(p)
+    assert sched.order == ("g", "f", "vg", "m")
+    assert res.exposed_ns == 0 and res.makespan_ns == 500
