@@ -135,6 +135,7 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
         tail = max((m for u in rss for m in u), key=p.index.__getitem__)
         rss = [u for u in (tuple(m for m in u if m != tail) for u in rss) if u] + [(tail,)]
     last = rss[-1] if rss else ()
+    rs_units = set(rss)
     b = _Builder(p, ags + rss)
     feeds_rs = _feeds_only_reduce_scatters(p)
     timed = [o.name for o in p.ops if o.kind is OpKind.COMPUTE and o.runtime_ns > 0 and o.name not in feeds_rs]
@@ -150,17 +151,13 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
         use = first_use[u]
         return sum(rt[n] for n in (timed[:rank[use]] if use else timed) if n not in b.placed)
 
-    def unit_rt(u: tuple[str, ...]) -> int:
-        return p.bucket_runtime_ns(u)
-
     issued: list[tuple[str, ...]] = []
     next_ag = 0
     while True:
         ends, clocks, curve, n_placed = b.score([])
         now = clocks[n_placed - 1] if n_placed else 0
         comm_end = max([ends[u[0]] for u in issued] or [0])
-        done = [p.wait_of[m] for u in issued if u[0] in ends and kind[u[0]] is OpKind.COLLECTIVE
-                and p.op_by_name[u[0]].collective.kind is CollectiveKind.REDUCE_SCATTER  # type: ignore[union-attr]
+        done = [p.wait_of[m] for u in issued if u in rs_units
                 and p.wait_of[u[0]] not in b.placed and ends[u[0]] <= now for m in u]
         if done:
             b.place(b.closure(done))
@@ -173,15 +170,16 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
                 issued.append(ags[next_ag])
                 next_ag += 1
                 continue
+        # a reduce-scatter is ready when placing it runs no compute but its deferred up-casts
         ready = [u for u in rss if u != last and u not in issued
-                 and not any(kind[n] is not OpKind.COLLECTIVE and (kind[n] is OpKind.WAIT or rt[n] > 0 and n not in feeds_rs)
-                             or (kind[n] is OpKind.COLLECTIVE and n not in u) for n in b.closure(u))]
+                 and all(n in u or kind[n] is OpKind.ZERO or kind[n] is OpKind.COMPUTE and (rt[n] == 0 or n in feeds_rs)
+                         for n in b.closure(u))]
         if ready:
             fits = next_ag >= len(ags)
             if not fits:
-                end, fits = max(comm_end, now) + unit_rt(ready[0]), True
+                end, fits = max(comm_end, now) + p.bucket_runtime_ns(ready[0]), True
                 for u in ags[next_ag:next_ag + config.horizon]:
-                    end += unit_rt(u)
+                    end += p.bucket_runtime_ns(u)
                     if end > now + due_in(u) - config.margin_ns:
                         fits = False
                         break
@@ -229,11 +227,11 @@ def _feeds_only_reduce_scatters(p: ScheduleProblem) -> set[str]:
             break
         if ok and (op.kind is OpKind.ZERO or op.kind is OpKind.COMPUTE):
             out.add(op.name)
-    size = {st.name: st.size_bytes for st in p.storages}
+    size = p.storage_by_name
 
     def grows(name: str) -> bool:  # writes more than it reads: an up-cast
         op = p.op_by_name[name]
-        return sum(size[st] for st in op.allocates) > sum(size[st] for st in set(op.uses))
+        return sum(size[st].size_bytes for st in op.allocates) > sum(size[st].size_bytes for st in set(op.uses))
 
     return {n for n in out if p.op_by_name[n].kind is OpKind.COMPUTE and grows(n)}
 
@@ -258,9 +256,9 @@ def _pick_compute(b: _Builder, timed: list[str], ends: dict[str, int], now: int,
             break
     if not cands:
         return None
-    base = curve[n_placed - 1] if n_placed else 0
     if cands[0][2] <= 0:
         return cands[0][1]
+    base = curve[n_placed - 1] if n_placed else 0
     best: tuple[float, list[str]] | None = None
     for n, seq, stall in cands:
         if stall > 0:
@@ -283,11 +281,10 @@ class OverRun:
     at: str  # the op at the run's highest position
 
 
-def over_budget_runs(problem: ScheduleProblem, schedule: Schedule, budget_bytes: int,
+def over_budget_runs(order: tuple[str, ...], curve: tuple[int, ...] | list[int], budget_bytes: int,
                      gap: int = 3) -> list[OverRun]:
-    """The runs of positions of ``schedule`` over ``budget_bytes`` (runs closer than ``gap``
-    positions merged), in program order."""
-    curve = simulate(problem, schedule).memory_curve
+    """The runs of positions of a simulated order (``curve``: its memory per position) over
+    ``budget_bytes`` (runs closer than ``gap`` positions merged), in program order."""
     runs: list[list[int]] = []
     for i, m in enumerate(curve):
         if m > budget_bytes:
@@ -298,7 +295,7 @@ def over_budget_runs(problem: ScheduleProblem, schedule: Schedule, budget_bytes:
     out = []
     for r in runs:
         top = max(r, key=lambda i: curve[i])
-        out.append(OverRun(r[0], r[-1], curve[top], schedule.order[top]))
+        out.append(OverRun(r[0], r[-1], curve[top], order[top]))
     return out
 
 
@@ -323,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
           f"makespan {r.makespan_ns / 1e3:,.1f} us")
     for c in stalled:
         print(f"  stalls: {c.name} ({len(c.members)} member(s)) {c.exposed_ns / 1e3:,.1f} us")
-    for run in over_budget_runs(problem, sched, peak0):
+    for run in over_budget_runs(sched.order, r.memory_curve, peak0):
         print(f"  over the original peak at positions {run.first}-{run.last}: "
               f"{run.peak_bytes / peak0:.3f}x at {run.at}")
     if a.output:

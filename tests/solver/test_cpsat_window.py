@@ -20,7 +20,7 @@ from fxsched.solver.cpsat_window import free_window, window_frame
 from fxsched.solver.problem import ScheduleProblem
 from oracle import brute_force, default_budget
 from ortools.sat.python import cp_model
-from solver_builders import coll, compute, make_problem, storage, wait, zero
+from solver_builders import coll, compute, loss_then_gather, make_problem, storage, wait, zero
 from tiny_instances import tiny_problems
 
 PROBLEMS = tiny_problems(50, seed=3)[:16]
@@ -263,8 +263,6 @@ def test_a_hint_over_the_memory_budget_gives_way_to_the_warm_start(caplog: pytes
     a peak of 100 + 500 + 1000 + 1 = 1601 B against the original order's 1101 B (the budget). A
     search started there may never get back within the budget; the solve warns and starts from
     its warm start, so it answers exactly as it does with no hint."""
-    from solver_builders import loss_then_gather
-
     p = loss_then_gather()
     hint = Schedule(("g", "a", "b", "wg", "y"))
     assert simulate(p, hint).peak_memory_bytes == 1601 and simulate(p).peak_memory_bytes == 1101
