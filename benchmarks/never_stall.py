@@ -27,17 +27,24 @@ after a prefix cannot change the prefix's clocks or memory):
   ``window`` that can run without waiting and adds the least memory per nanosecond runs instead;
 - reduce-scatter waits go where their collective has ended; the collective issued last is waited
   first, after all compute, so it alone can stall.
+
+Two steps bring the probe closer to a memory budget without giving up a hidden collective:
+``after`` pairs (``--after OP:FOLLOWS``) hold an op behind another where a memory argument says it
+must be (a gather that cannot be in flight during a transient), and :func:`polish_peak`
+(``--polish-rounds``) reorders windows of the probe's order with CP-SAT to lower its peak, each
+window ending no later than before, so nothing stalls that did not.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..solver import Schedule, simulate
 from ..solver.problem import CollectiveKind, OpKind, ScheduleProblem
 from ..solver.serialization import load_problem, save_schedule
-from ..solver.simulator import SimResult, memory_curve, timed_clocks
+from ..solver.simulator import SimResult, memory_curve, position_clocks, timed_clocks
 
 
 @dataclass(frozen=True)
@@ -123,10 +130,22 @@ class _Builder:
             self.prefix.append(n)
 
 
-def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -> tuple[Schedule, SimResult]:
+def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig(),
+                after: dict[str, str] | None = None) -> tuple[Schedule, SimResult]:
     """Build an order whose compute stream tries never to wait (see the module doc); memory is not
-    capped. Returns the schedule and its simulation."""
+    capped. Returns the schedule and its simulation.
+
+    ``after`` maps an op to one it must follow: a memory argument the list scheduler cannot make
+    itself (on the 4-node backward, the lm_head's gather cannot be in flight while the loss
+    gradient holds three logits-sized buffers, so it goes after ``sub_2``). Such an op is not
+    issued or run as fill before its op; where the gather due next waits on one, what that op
+    needs runs first. :func:`broken_after` says whether each held in the result."""
     p = problem
+    after = after or {}
+    for a, b_ in after.items():
+        for name in (a, b_):
+            if name not in p.op_by_name:
+                raise ValueError(f"never_stall: after names an op the problem does not have: {name!r}")
     kind = {o.name: o.kind for o in p.ops}
     rt = {o.name: o.runtime_ns for o in p.ops}
     ags = _units(p, CollectiveKind.ALL_GATHER, config.singles)
@@ -137,6 +156,9 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
     last = rss[-1] if rss else ()
     rs_units = set(rss)
     b = _Builder(p, ags + rss)
+
+    def blocked(seq: list[str]) -> bool:  # places an op before the op it must follow
+        return any(x in after and after[x] not in b.placed for x in seq)
     feeds_rs = _feeds_only_reduce_scatters(p)
     timed = [o.name for o in p.ops if o.kind is OpKind.COMPUTE and o.runtime_ns > 0 and o.name not in feeds_rs]
     rank = {n: i for i, n in enumerate(timed)}
@@ -165,10 +187,14 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
         nxt = next((n for n in timed if n not in b.placed), None)
         if next_ag < len(ags) and comm_end - now <= (rt[nxt] if nxt else 0) + config.issue_pad_ns:
             seq = b.closure(ags[next_ag])
-            if not any(kind[n] is OpKind.WAIT for n in seq):
+            if not any(kind[n] is OpKind.WAIT for n in seq) and not blocked(seq):
                 b.place(seq)
                 issued.append(ags[next_ag])
                 next_ag += 1
+                continue
+            first = b.closure([after[x] for x in seq if x in after and after[x] not in b.placed])
+            if first and not any(kind[n] is OpKind.WAIT or kind[n] is OpKind.COLLECTIVE for n in first):
+                b.place(first)  # run what the gather must follow, then issue it
                 continue
         # a reduce-scatter is ready when placing it runs no compute but its deferred up-casts
         ready = [u for u in rss if u != last and u not in issued
@@ -187,7 +213,7 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig()) -
                 b.place(b.closure(ready[0]))
                 issued.append(ready[0])
                 continue
-        pick = _pick_compute(b, timed, ends, now, curve, n_placed, config.window)
+        pick = _pick_compute(b, timed, ends, now, curve, n_placed, config.window, blocked)
         if pick is None:
             if next_ag < len(ags):  # everything left waits on a gather not yet issued
                 b.place(b.closure(ags[next_ag]))
@@ -237,10 +263,10 @@ def _feeds_only_reduce_scatters(p: ScheduleProblem) -> set[str]:
 
 
 def _pick_compute(b: _Builder, timed: list[str], ends: dict[str, int], now: int, curve: list[int],
-                  n_placed: int, window: int) -> list[str] | None:
+                  n_placed: int, window: int, blocked: Callable[[list[str]], bool]) -> list[str] | None:
     """The next program-order compute op with its unplaced ancestors, or, where it would wait on a
-    gather, the fill among the next ``window`` that waits on nothing and adds the least memory per
-    nanosecond of compute."""
+    gather (or is ``blocked``), the fill among the next ``window`` that waits on nothing, is not
+    blocked and adds the least memory per nanosecond of compute; else the first not blocked."""
     p = b.p
     cands = []
     for n in timed:
@@ -256,19 +282,21 @@ def _pick_compute(b: _Builder, timed: list[str], ends: dict[str, int], now: int,
             break
     if not cands:
         return None
-    if cands[0][2] <= 0:
+    if cands[0][2] <= 0 and not blocked(cands[0][1]):
         return cands[0][1]
     base = curve[n_placed - 1] if n_placed else 0
     best: tuple[float, list[str]] | None = None
     for n, seq, stall in cands:
-        if stall > 0:
+        if stall > 0 or blocked(seq):
             continue
         _, _, c2, l2 = b.score(seq)
         work = sum(p.op_by_name[x].runtime_ns for x in seq) or 1
         key = (c2[l2 - 1] - base) / work
         if best is None or key < best[0]:
             best = (key, seq)
-    return best[1] if best else cands[0][1]
+    if best:
+        return best[1]
+    return next((seq for _, seq, _ in cands if not blocked(seq)), cands[0][1])
 
 
 @dataclass(frozen=True)
@@ -299,6 +327,114 @@ def over_budget_runs(order: tuple[str, ...], curve: tuple[int, ...] | list[int],
     return out
 
 
+def _excess(curve: list[int] | tuple[int, ...], budget_bytes: int) -> int:
+    """Bytes over the budget, summed over the positions."""
+    return sum(m - budget_bytes for m in curve if m > budget_bytes)
+
+
+def broken_after(order: tuple[str, ...], after: dict[str, str]) -> list[tuple[str, str]]:
+    """The ``(op, must follow)`` pairs of ``after`` that ``order`` breaks."""
+    pos = {n: i for i, n in enumerate(order)}
+    return [(a, b) for a, b in after.items() if pos[a] < pos[b]]
+
+
+@dataclass(frozen=True)
+class PolishConfig:
+    """Knobs of :func:`polish_peak`."""
+
+    rounds: int = 8  # window models solved at most
+    window: int = 100  # ops that take time (compute, issues, waits) per window
+    time_s: float = 60.0  # per window: wall-clock seconds, or deterministic units when deterministic
+    deterministic: bool = False
+    seed: int = 0
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.rounds < 0 or self.window < 1 or self.time_s <= 0 or self.workers < 1:
+            raise ValueError(f"PolishConfig: rounds >= 0, window >= 1, time_s > 0, workers >= 1; got {self}")
+
+
+def polish_peak(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, config: PolishConfig = PolishConfig(),
+                after: dict[str, str] | None = None) -> tuple[Schedule, SimResult, list[str]]:
+    """Lower ``sched``'s peak where it exceeds ``budget_bytes`` without slowing any of it: rounds of
+    truncated free windows (solver/cpsat_window.py) around the highest run over the budget,
+    three quarters of the window before the run's top (the fill that costs memory comes before
+    it). A window model ends no later than the incumbent's window and holds everything after it
+    at the incumbent's times, so no collective ends later and no wait stalls longer (the list
+    scheduler's probe order stays stall-free), and minimizes the peak; ``after`` pairs hold in it as pins. The simulator then
+    scores the answer, kept when it hides no fewer collectives at a lower peak, or at the same
+    peak with less memory over the budget in all (runs of one height go down one at a time). Stops when the order
+    fits, after ``config.rounds`` windows, or when a window around every run was tried since the
+    last gain. Returns the schedule, its simulation and a line per round."""
+    from ortools.sat.python import cp_model
+
+    from ..solver.cpsat_hint import add_hint, decode
+    from ..solver.cpsat_model import ModelBuilder
+    from ..solver.cpsat_window import window_frame
+
+    pins = tuple((b, a) for a, b in (after or {}).items())
+    res = simulate(problem, sched)
+    log: list[str] = []
+    tried: set[str] = set()  # the runs' tops windowed since the last kept round
+    for _ in range(config.rounds):
+        runs = sorted(over_budget_runs(sched.order, res.memory_curve, budget_bytes), key=lambda r: -r.peak_bytes)
+        run = next((r for r in runs if r.at not in tried), None)
+        if run is None:
+            break
+        tried.add(run.at)
+        top = sched.order.index(run.at)
+        timed = [i for i, n in enumerate(sched.order) if problem.op_by_name[n].kind is not OpKind.ZERO]
+        at = next(j for j, i in enumerate(timed) if i >= top)
+        first = max(0, min(at - config.window * 3 // 4, len(timed) - config.window))
+        last = min(len(timed), first + config.window)
+        lo = timed[first] if first > 0 else 0
+        hi = timed[last] if last < len(timed) else len(sched.order)
+        frame = window_frame(problem, sched, lo, hi, truncate=True)
+        if frame is None:
+            continue
+        builder = ModelBuilder(frame, None, pins)
+        builder.build()
+        end = position_clocks(problem, sched)[hi - 1]  # the window ends no later (a last window bounds nothing else)
+        for it in builder.movable:
+            if it.times is None:
+                lit = builder.v.present[it.index]
+                builder.model.Add(builder.v.end[it.index] <= end).OnlyEnforceIf([] if lit is True else [lit])
+        builder.model.Minimize(builder.v.peak)
+        add_hint(builder, sched)
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.random_seed, prm.num_workers = config.seed, config.workers
+        if config.deterministic:
+            prm.max_deterministic_time = config.time_s
+        else:
+            prm.max_time_in_seconds = config.time_s
+        status = solver.Solve(builder.model)
+        line = f"window {lo}..{hi} around {run.at} ({run.peak_bytes / budget_bytes:.4f}x the budget): "
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            log.append(line + solver.StatusName(status))
+            continue
+        new = decode(builder, solver)
+        new_res = simulate(problem, new)
+        kept = (new_res.n_hidden_hideable_members >= res.n_hidden_hideable_members
+                and (new_res.peak_memory_bytes, _excess(new_res.memory_curve, budget_bytes))
+                < (res.peak_memory_bytes, _excess(res.memory_curve, budget_bytes)))
+        log.append(line + f"peak {new_res.peak_memory_bytes / budget_bytes:.4f}x, hidden "
+                   f"{new_res.n_hidden_hideable_members}: " + ("kept" if kept else "dropped"))
+        if kept:
+            sched, res = new, new_res
+            tried.clear()
+            if res.peak_memory_bytes <= budget_bytes:
+                break
+    return sched, res, log
+
+
+def _after_pair(text: str) -> tuple[str, str]:
+    a, sep, b = text.partition(":")
+    if not sep or not a or not b:
+        raise argparse.ArgumentTypeError(f"--after wants OP:FOLLOWS, got {text!r}")
+    return a, b
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fxsched.benchmarks.never_stall", description=__doc__.splitlines()[0])
     ap.add_argument("problem", help="problem file from `fxsched export`")
@@ -308,12 +444,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", help="schedule file to write")
     ap.add_argument("--rs-depth", type=int, default=ProbeConfig.rs_depth)
     ap.add_argument("--rs-span", type=int, default=ProbeConfig.rs_span)
+    ap.add_argument("--after", type=_after_pair, action="append", default=[], metavar="OP:FOLLOWS",
+                    help="OP goes after FOLLOWS (repeatable; see never_stall's `after`)")
+    ap.add_argument("--polish-rounds", type=int, default=0,
+                    help="window models that lower the peak over the original's without slowing the order (polish_peak)")
+    ap.add_argument("--polish-window", type=int, default=PolishConfig.window)
+    ap.add_argument("--polish-s", type=float, default=PolishConfig.time_s, help="seconds per window model")
     a = ap.parse_args(argv)
     config = ProbeConfig(singles=a.singles, issue_pad_ns=int(a.issue_pad_us * 1e3), margin_ns=int(a.margin_us * 1e3),
                          rs_depth=a.rs_depth, rs_span=a.rs_span)
     problem = load_problem(a.problem)
-    sched, r = never_stall(problem, config)
+    after = dict(a.after)
+    sched, r = never_stall(problem, config, after)
     peak0 = simulate(problem, Schedule.original(problem)).peak_memory_bytes
+    if a.polish_rounds:
+        _report(problem, sched, r, peak0, after)
+        sched, r, log = polish_peak(problem, sched, peak0, PolishConfig(rounds=a.polish_rounds, window=a.polish_window,
+                                                                        time_s=a.polish_s), after)
+        for line in log:
+            print(f"  polish: {line}")
+    _report(problem, sched, r, peak0, after)
+    if a.output:
+        save_schedule(sched, a.output)
+    return 0
+
+
+def _report(problem: ScheduleProblem, sched: Schedule, r: SimResult, peak0: int, after: dict[str, str]) -> None:
     stalled = [c for c in r.collectives if c.exposed_ns]
     print(f"{problem.name}: hidden {r.n_hidden_hideable_members}/{r.n_hideable_members} collectives, "
           f"exposed units {len(stalled)}, peak {r.peak_memory_bytes / peak0:.3f}x the original order's, "
@@ -323,9 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in over_budget_runs(sched.order, r.memory_curve, peak0):
         print(f"  over the original peak at positions {run.first}-{run.last}: "
               f"{run.peak_bytes / peak0:.3f}x at {run.at}")
-    if a.output:
-        save_schedule(sched, a.output)
-    return 0
+    for op, follows in broken_after(sched.order, after):
+        print(f"  broken: {op} runs before {follows}")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,20 @@ import dataclasses
 
 import pytest
 
-from fxsched.benchmarks.never_stall import ProbeConfig, _feeds_only_reduce_scatters, _units, never_stall, over_budget_runs
+from fxsched.benchmarks.never_stall import (
+    PolishConfig,
+    ProbeConfig,
+    _feeds_only_reduce_scatters,
+    _units,
+    broken_after,
+    main,
+    never_stall,
+    over_budget_runs,
+    polish_peak,
+)
 from fxsched.solver import Schedule, simulate
-from tests.solver.solver_builders import RS, coll, compute, make_problem, storage, wait, zero
+from fxsched.solver.serialization import save_problem
+from tests.solver.solver_builders import AG, RS, coll, compute, make_problem, storage, wait, zero
 
 
 def _gather_then_fill():
@@ -119,3 +130,82 @@ def test_a_graph_without_reduce_scatters() -> None:
     sched, res = never_stall(p)
     assert sched.order == ("g", "f", "vg", "m")
     assert res.exposed_ns == 0 and res.makespan_ns == 500
+
+
+def test_after_holds_a_gather_behind_the_op_it_must_follow() -> None:
+    """_gather_then_fill with g after f: f runs first (0..400, it is what g must follow), g goes
+    out at 400 and ends at 700, so m waits 300 ns (700..800); r, issued at 800, stalls 200 ns:
+    makespan 1000, against 700 without the pair."""
+    p = _gather_then_fill()
+    sched, res = never_stall(p, after={"g": "f"})
+    assert sched.order == ("f", "g", "vg", "m", "r", "wr")
+    assert [(c.name, c.exposed_ns) for c in res.collectives if c.exposed_ns] == [("g", 300), ("r", 200)]
+    assert res.makespan_ns == 1000
+    assert broken_after(sched.order, {"g": "f"}) == []
+    assert broken_after(never_stall(p)[0].order, {"g": "f"}) == [("g", "f")]
+    with pytest.raises(ValueError, match="'nope'"):
+        never_stall(p, after={"g": "nope"})
+
+
+def _fill_before_the_loss():
+    """loss_then_gather plus f (500 ns), which writes F (400 B) for y. g (700 ns) must go out
+    before a, or y waits: after a only f and b (510 ns) are left to cover it. So G (500 B) is in
+    flight while a's T (1000 B) lives, over the parameter pg (100 B): 1600 B at a, 1601 at b
+    (U), whatever the order; F live there too makes 2001. Running f after b instead (T is freed
+    then) gives the same times and a peak of 1601 B, the least an order that never stalls has."""
+    return make_problem([
+        compute("a", 2_000, allocates=["T"], heavy=True),
+        compute("b", 10, deps=["a"], uses=["T"], allocates=["U"]),
+        compute("f", 500, allocates=["F"]),
+        coll("g", "A", AG, runtime_ns=700, bytes_in=100, bytes_out=500, uses=["pg"], allocates=["G"]),
+        wait("wg", "g", uses=["G"]),
+        compute("y", 1_000, deps=["wg", "b", "f"], uses=["G", "U", "F"], heavy=True),
+    ], [storage("pg", 100, param=True), storage("T", 1000), storage("U", 1), storage("G", 500), storage("F", 400)],
+        groups=("A",))
+
+
+POLISH = PolishConfig(rounds=4, window=10, time_s=5.0, deterministic=True, workers=1)
+
+
+def test_polish_lowers_the_peak_without_a_stall() -> None:
+    p = _fill_before_the_loss()
+    start = Schedule(("f", "g", "a", "b", "wg", "y"))
+    before = simulate(p, start)
+    assert before.peak_memory_bytes == 2001 and before.exposed_ns == 0 and before.makespan_ns == 3510
+    sched, res, log = polish_peak(p, start, 1601, POLISH)
+    assert res.peak_memory_bytes == 1601
+    assert res.exposed_ns == 0 and res.makespan_ns == 3510
+    assert sched.order.index("f") > sched.order.index("b")
+    assert log and log[0].endswith("kept")
+
+
+def test_polish_does_not_buy_memory_with_a_stall() -> None:
+    """loss_then_gather in the order g, a, b, wg, y: 1601 B, no stall. The original order's 1101 B
+    needs g after b, and then y waits for it: no window may trade that, so the order stays."""
+    from tests.solver.solver_builders import loss_then_gather
+
+    p = loss_then_gather()
+    start = Schedule(("g", "a", "b", "wg", "y"))
+    sched, res, log = polish_peak(p, start, 1101, POLISH)
+    assert sched.order == start.order and res.peak_memory_bytes == 1601 and res.exposed_ns == 0
+    assert log and not any(line.endswith("kept") for line in log)
+
+
+def test_polish_keeps_the_after_pairs() -> None:
+    """With b after f, F is live at b in every order: the least peak with no stall is then
+    2001 B (g must still go out before a), where without the pair it is 1601 B."""
+    p = _fill_before_the_loss()
+    start = Schedule(("f", "g", "a", "b", "wg", "y"))
+    sched, res, _ = polish_peak(p, start, 1601, POLISH, after={"b": "f"})
+    assert broken_after(sched.order, {"b": "f"}) == []
+    assert res.peak_memory_bytes == 2001 and res.exposed_ns == 0
+
+
+def test_cli_reports_polish_rounds_and_broken_pairs(tmp_path, capsys) -> None:
+    path = tmp_path / "p.json"
+    save_problem(_fill_before_the_loss(), path)
+    assert main([str(path), "--after", "g:f", "--polish-rounds", "1", "--polish-s", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "hand: hidden" in out and "polish: window" in out
+    with pytest.raises(SystemExit):
+        main([str(path), "--after", "g"])
