@@ -361,18 +361,21 @@ def polish_peak(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, co
     three quarters of the window before the run's top (the fill that costs memory comes before
     it). A window model ends no later than the incumbent's window and holds everything after it
     at the incumbent's times, so no collective ends later and no wait stalls longer (the list
-    scheduler's probe order stays stall-free), and minimizes the peak; ``after`` pairs hold in it as pins. The simulator then
-    scores the answer, kept when it hides no fewer collectives at a lower peak, or at the same
-    peak with less memory over the budget in all (runs of one height go down one at a time). Stops when the order
-    fits, after ``config.rounds`` windows, or when a window around every run was tried since the
-    last gain. Returns the schedule, its simulation and a line per round."""
+    scheduler's probe order stays stall-free), and minimizes the peak. The ``after`` pairs that
+    ``sched`` keeps hold in it as pins (a pair it breaks would leave no window a solution). The
+    simulator then scores the answer, kept when it hides no fewer collectives at a lower peak,
+    or at the same peak with less memory over the budget in all (runs of one height go down one
+    at a time). Stops when the order fits, after ``config.rounds`` windows, or when a window
+    around every run was tried since the last gain. Returns the schedule, its simulation and a
+    line per round."""
     from ortools.sat.python import cp_model
 
     from ..solver.cpsat_hint import add_hint, decode
     from ..solver.cpsat_model import ModelBuilder
     from ..solver.cpsat_window import window_frame
 
-    pins = tuple((b, a) for a, b in (after or {}).items())
+    kept_pairs = set((after or {}).items()) - set(broken_after(sched.order, after or {}))
+    pins = tuple((b, a) for a, b in sorted(kept_pairs))  # ModelBuilder's pin (a, b): a runs before b
     res = simulate(problem, sched)
     log: list[str] = []
     tried: set[str] = set()  # the runs' tops windowed since the last kept round
@@ -394,7 +397,7 @@ def polish_peak(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, co
             continue
         builder = ModelBuilder(frame, None, pins)
         builder.build()
-        end = position_clocks(problem, sched)[hi - 1]  # the window ends no later (a last window bounds nothing else)
+        end = position_clocks(problem, sched)[hi - 1]  # ends no later (a last window is bounded by nothing else)
         for it in builder.movable:
             if it.times is None:
                 lit = builder.v.present[it.index]
@@ -447,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", type=_after_pair, action="append", default=[], metavar="OP:FOLLOWS",
                     help="OP goes after FOLLOWS (repeatable; see never_stall's `after`)")
     ap.add_argument("--polish-rounds", type=int, default=0,
-                    help="window models that lower the peak over the original's without slowing the order (polish_peak)")
+                    help="CP-SAT windows that lower the peak without slowing the order (polish_peak)")
     ap.add_argument("--polish-window", type=int, default=PolishConfig.window)
     ap.add_argument("--polish-s", type=float, default=PolishConfig.time_s, help="seconds per window model")
     a = ap.parse_args(argv)

@@ -177,6 +177,8 @@ def test_polish_lowers_the_peak_without_a_stall() -> None:
     assert res.exposed_ns == 0 and res.makespan_ns == 3510
     assert sched.order.index("f") > sched.order.index("b")
     assert log and log[0].endswith("kept")
+    # a pair the start order breaks (f after y, which f feeds) is no pin: the same answer
+    assert polish_peak(p, start, 1601, POLISH, after={"f": "y"})[1].peak_memory_bytes == 1601
 
 
 def test_polish_does_not_buy_memory_with_a_stall() -> None:
