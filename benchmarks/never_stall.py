@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from ..solver import Schedule, simulate
 from ..solver.problem import CollectiveKind, OpKind, ScheduleProblem
 from ..solver.serialization import load_problem, save_schedule
-from ..solver.simulator import SimResult, memory_curve, position_clocks, timed_clocks
+from ..solver.simulator import SimResult, memory_curve, timed_clocks
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,12 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig(),
     rs_units = set(rss)
     b = _Builder(p, ags + rss)
 
-    def blocked(seq: list[str]) -> bool:  # places an op before the op it must follow
-        return any(x in after and after[x] not in b.placed for x in seq)
+    def pending(seq: list[str]) -> list[str]:  # what ops of seq must follow and is not placed yet
+        return [after[x] for x in seq if x in after and after[x] not in b.placed]
+
+    def blocked(seq: list[str]) -> bool:
+        return bool(pending(seq))
+
     feeds_rs = _feeds_only_reduce_scatters(p)
     timed = [o.name for o in p.ops if o.kind is OpKind.COMPUTE and o.runtime_ns > 0 and o.name not in feeds_rs]
     rank = {n: i for i, n in enumerate(timed)}
@@ -192,7 +196,7 @@ def never_stall(problem: ScheduleProblem, config: ProbeConfig = ProbeConfig(),
                 issued.append(ags[next_ag])
                 next_ag += 1
                 continue
-            first = b.closure([after[x] for x in seq if x in after and after[x] not in b.placed])
+            first = b.closure(pending(seq))
             if first and not any(kind[n] is OpKind.WAIT or kind[n] is OpKind.COLLECTIVE for n in first):
                 b.place(first)  # run what the gather must follow, then issue it
                 continue
@@ -359,9 +363,9 @@ def polish_peak(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, co
     """Lower ``sched``'s peak where it exceeds ``budget_bytes`` without slowing any of it: rounds of
     truncated free windows (solver/cpsat_window.py) around the highest run over the budget,
     three quarters of the window before the run's top (the fill that costs memory comes before
-    it). A window model ends no later than the incumbent's window and holds everything after it
-    at the incumbent's times, so no collective ends later and no wait stalls longer (the list
-    scheduler's probe order stays stall-free), and minimizes the peak. The ``after`` pairs that
+    it). A truncated window ends no later than the incumbent's and holds everything after it at
+    the incumbent's times, so no collective ends later and no wait stalls longer (the list
+    scheduler's probe order stays stall-free); its model here minimizes the peak. The ``after`` pairs that
     ``sched`` keeps hold in it as pins (a pair it breaks would leave no window a solution). The
     simulator then scores the answer, kept when it hides no fewer collectives at a lower peak,
     or at the same peak with less memory over the budget in all (runs of one height go down one
@@ -372,7 +376,7 @@ def polish_peak(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, co
 
     from ..solver.cpsat_hint import add_hint, decode
     from ..solver.cpsat_model import ModelBuilder
-    from ..solver.cpsat_window import window_frame
+    from ..solver.cpsat_window import window_around, window_frame
 
     kept_pairs = set((after or {}).items()) - set(broken_after(sched.order, after or {}))
     pins = tuple((b, a) for a, b in sorted(kept_pairs))  # ModelBuilder's pin (a, b): a runs before b
@@ -385,23 +389,12 @@ def polish_peak(problem: ScheduleProblem, sched: Schedule, budget_bytes: int, co
         if run is None:
             break
         tried.add(run.at)
-        top = sched.order.index(run.at)
-        timed = [i for i, n in enumerate(sched.order) if problem.op_by_name[n].kind is not OpKind.ZERO]
-        at = next(j for j, i in enumerate(timed) if i >= top)
-        first = max(0, min(at - config.window * 3 // 4, len(timed) - config.window))
-        last = min(len(timed), first + config.window)
-        lo = timed[first] if first > 0 else 0
-        hi = timed[last] if last < len(timed) else len(sched.order)
+        lo, hi = window_around(problem, sched, sched.order.index(run.at), config.window, config.window * 3 // 4)
         frame = window_frame(problem, sched, lo, hi, truncate=True)
         if frame is None:
             continue
         builder = ModelBuilder(frame, None, pins)
         builder.build()
-        end = position_clocks(problem, sched)[hi - 1]  # ends no later (a last window is bounded by nothing else)
-        for it in builder.movable:
-            if it.times is None:
-                lit = builder.v.present[it.index]
-                builder.model.Add(builder.v.end[it.index] <= end).OnlyEnforceIf([] if lit is True else [lit])
         builder.model.Minimize(builder.v.peak)
         add_hint(builder, sched)
         solver = cp_model.CpSolver()

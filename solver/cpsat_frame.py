@@ -98,6 +98,9 @@ class Frame:
     # placement its comm (start, end)), for the frozen items and the time hints alike
     clocks: list[int] = field(default_factory=list)
     comm_timing: dict[frozenset[str], tuple[int, int]] = field(default_factory=dict)
+    # truncated window rounds: the incumbent's compute clock at the window's last position, which
+    # the free items must end by (where no frozen item follows them to say so)
+    window_end_ns: int | None = None
 
 
 @dataclass(frozen=True)

@@ -221,11 +221,14 @@ class ModelBuilder:
 
         prev = {group(it): it for it in before if it.kind is ItemKind.ISSUE}  # the last one per group
         nxt = {group(it): it for it in reversed(after) if it.kind is ItemKind.ISSUE}  # the first one
+        end = self.frame.window_end_ns
         for w in free:
             if before:
                 self._clock(before[-1], w)
             if after:
                 self._clock(w, after[0])
+            elif end is not None:  # a truncated window at the end of the order: no later than the incumbent's
+                self._ge(end, self.v.end[w.index], self._presences(w, w)[:1])
             if w.kind is ItemKind.ISSUE:
                 if (p := prev.get(group(w))) is not None:
                     self._fifo(p, w, self._presences(p, w))

@@ -13,7 +13,8 @@ its key, in the incumbent's order. The model then needs order literals only betw
 **Truncated windows.** The simulator is monotone: with the same program order after the window,
 a compute clock no later at its end and every collective ending no later, nothing after it runs
 later. So a window model may hold everything after the window at the incumbent's times, as
-constants: the free items must end before the first item after the window starts, each
+constants: the free items must end before the first item after the window starts (where none
+follows, by the incumbent's clock at the window's end: ``Frame.window_end_ns``), each
 collective issued in the window before the incumbent's next one of its group starts and before
 its wait after the window ends. Every solution is then no slower than the incumbent, the model
 times the window alone (on the tp backward a 120-op window's model otherwise propagated through
@@ -21,7 +22,8 @@ the thousand items after it: 10 s to the first gain), and it minimizes the windo
 simulator says how much of that the rest of the program keeps.
 
 Entry points: :func:`window_frame` builds the frame, :func:`free_window` picks the window
-around the incumbent's most exposed collective not tried yet, and :func:`paid_rate` (with
+around the incumbent's most exposed collective not tried yet (:func:`window_around` gives the
+positions around a place), and :func:`paid_rate` (with
 :func:`round_cost`) says whether free windows or fixed rounds have paid more so far.
 """
 
@@ -65,6 +67,7 @@ def window_frame(problem: ScheduleProblem, sched: Schedule, lo: int, hi: int, tr
         return None
     frame.window = span
     frame.clocks = clocks
+    frame.window_end_ns = clocks[hi - 1] if truncate and hi > 0 else None
     frame.comm_timing = {frozenset(t.members): (t.start_ns, t.end_ns) for t in simulate(problem, sched).collectives}
     for c in frame.candidates:
         if frame.items[frame.issue_item[c.index]].times is not None:
@@ -87,15 +90,21 @@ def free_window(problem: ScheduleProblem, sched: Schedule, res: SimResult, size:
     if not exposed:
         return None
     t = exposed[0]
+    return t.members, *window_around(problem, sched, t.wait_pos, size, size // 2)  # half before the wait
+
+
+def window_around(problem: ScheduleProblem, sched: Schedule, pos: int, size: int, before: int) -> tuple[int, int]:
+    """``(lo, hi)``: the positions of ``sched`` holding ``size`` ops that are not zero-cost,
+    ``before`` of them before position ``pos`` and the rest from it on (shifted where the order
+    ends), with the zero-cost ops between them."""
     ops = problem.op_by_name
     timed = [p for p, name in enumerate(sched.order) if ops[name].kind is not OpKind.ZERO]
-    # the timed positions around the wait: half before it, the rest after (shifted at the ends)
-    at = next((k for k, p in enumerate(timed) if p >= t.wait_pos), len(timed))
-    first = max(0, min(at - size // 2, len(timed) - size))
+    at = next((k for k, p in enumerate(timed) if p >= pos), len(timed))
+    first = max(0, min(at - before, len(timed) - size))
     last = min(len(timed), first + size)
     lo = timed[first] if first > 0 else 0
     hi = timed[last] if last < len(timed) else len(sched.order)
-    return t.members, lo, hi
+    return lo, hi
 
 
 def paid_rate(paid: list) -> float:

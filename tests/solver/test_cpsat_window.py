@@ -274,3 +274,23 @@ def test_a_hint_over_the_memory_budget_gives_way_to_the_warm_start(caplog: pytes
     assert hinted.status == plain.status and hinted.status.name != "INFEASIBLE"
     assert hinted.peak_memory_bytes <= 1101
     assert hinted.schedule == plain.schedule
+
+
+def test_a_truncated_window_at_the_end_ends_no_later_than_the_incumbent() -> None:
+    """a (100 ns) and b (200 ns), independent, in one truncated window that reaches the order's
+    end: nothing frozen follows to bound them, so the frame carries the incumbent's end, 300 ns,
+    and the latest a may end is 300 (after b), not the model's horizon. An untruncated window
+    bounds nothing this way."""
+    p = make_problem([compute("a", 100), compute("b", 200)])
+    sched = Schedule.original(p)
+    frame = window_frame(p, sched, 0, 2, truncate=True)
+    assert frame is not None and frame.window_end_ns == 300
+    assert window_frame(p, sched, 0, 2).window_end_ns is None  # type: ignore[union-attr]
+    b = ModelBuilder(frame, None)
+    b.build()
+    (item, _), = frame.op_items["a"]
+    b.model.Maximize(b.v.end[item])
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    assert s.Solve(b.model) == cp_model.OPTIMAL
+    assert s.Value(b.v.end[item]) == 300
