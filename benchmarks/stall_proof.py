@@ -1,0 +1,66 @@
+"""Ask whether any order runs its compute stream without a stall within the original peak.
+
+    fxsched export --graph llama_fsdp_32r_4n --part backward -o p.json
+    python -m fxsched.benchmarks.stall_proof p.json --cuts sub_2 --least
+    python -m fxsched.benchmarks.stall_proof p.json --chain div_9:mm_64 --min-mb 100
+
+The command line of :func:`..solver.stall_free_cuts.stall_free_cuts`: cuts given by name, or
+along the path between two ops that allocates most (:func:`..solver.stall_free_cuts.memory_chain`,
+every op on it allocating more than ``--min-mb`` a cut). ``infeasible`` is a proof that every
+schedule within the budget stalls its compute stream before it has run every cut; where
+``exposed_after_compute`` holds, such a schedule exposes two units or more. ``--least`` reports
+the least memory that every stall-free order reaches at some cut (its bound, when not optimal).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..solver import Schedule, simulate
+from ..solver.bounds import exposed_after_compute
+from ..solver.serialization import load_problem
+from ..solver.stall_free_cuts import CutsConfig, memory_chain, stall_free_cuts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fxsched.benchmarks.stall_proof", description=__doc__.splitlines()[0])
+    ap.add_argument("problem", help="problem file from `fxsched export`")
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--cuts", help="comma-separated op names, each depending on the one before")
+    where.add_argument("--chain", metavar="SRC:DST", help="cuts along the path from SRC to DST that allocates most")
+    ap.add_argument("--min-mb", type=float, default=100.0, help="--chain: ops allocating more than this are cuts")
+    ap.add_argument("--budget", type=float, default=1.0, help="memory budget, a ratio of the original order's peak")
+    ap.add_argument("--least", action="store_true", help="minimize the largest memory at the cuts")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="seconds (deterministic time with --deterministic)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--deterministic", action="store_true")
+    a = ap.parse_args(argv)
+    problem = load_problem(a.problem)
+    if a.cuts:
+        cuts = [c for c in a.cuts.split(",") if c]
+    else:
+        src, sep, dst = a.chain.partition(":")
+        if not sep:
+            ap.error(f"--chain {a.chain!r}: expected SRC:DST")
+        cuts = memory_chain(problem, src, dst, int(a.min_mb * 1e6))
+    peak0 = simulate(problem, Schedule.original(problem)).peak_memory_bytes
+    budget = int(peak0 * a.budget)
+    config = CutsConfig(time_limit_s=a.time_limit, workers=a.workers, deterministic=a.deterministic, least=a.least)
+    res = stall_free_cuts(problem, cuts, budget, config)
+    print(f"{problem.name}: {len(cuts)} cut(s) {','.join(cuts)}")
+    print(f"  budget {a.budget:g}x the original peak ({budget:,} B); every compute op feeds a collective: "
+          f"{exposed_after_compute(problem)}")
+    print(f"  status {res.status} in {res.runtime:.1f} s")
+    if res.lower_bound_bytes is not None:
+        print(f"  least memory at the cuts: at least {res.lower_bound_bytes / peak0:.4f}x the original peak")
+    if res.memory_bytes:
+        top = max(range(len(cuts)), key=lambda k: res.memory_bytes[k])
+        print(f"  found: largest memory {res.memory_bytes[top] / peak0:.4f}x at {cuts[top]}, "
+              f"clock there {res.clocks_ns[top] / 1e3:,.1f} us")
+    if res.proves_stall:
+        print("  proof: every schedule within the budget stalls its compute stream before it has run every cut")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

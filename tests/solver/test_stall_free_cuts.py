@@ -1,0 +1,213 @@
+"""The stall-free cut relaxation (solver/stall_free_cuts.py): a hand-derived case, its memory
+against the simulator's, and its soundness against brute force over every schedule."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fxsched.solver import ProblemError, Schedule, simulate
+from fxsched.solver.problem import OpKind
+from fxsched.solver.cut_memory import bucketable, memory_at, memory_terms
+from fxsched.solver.stall_free_cuts import CutsConfig, memory_chain, stall_free_cuts
+
+from tests.solver.oracle import default_budget, enumerate_schedules, valid_bucketings
+from tests.solver.random_dags import random_problem, random_topological_order
+from tests.solver.solver_builders import AG, RS, coll, compute, loss_then_gather, make_problem, wait
+from tests.solver.tiny_instances import tiny_problems
+
+FAST = CutsConfig(time_limit_s=10.0, workers=1, seed=0, deterministic=True)
+
+
+def test_the_gather_must_be_in_flight_through_the_loss() -> None:
+    """loss_then_gather: y (at 2010 ns once a and b ran) needs G, whose gather takes 700 ns. Issued
+    after a (at 2000 or later) it ends at 2700 or later: y stalls. So a stall-free order issues g
+    before a, and at b holds pg 100 + G 500 + T 1000 + U 1 = 1601 B; the original order's peak is
+    1101 B. With cuts b, y: infeasible below 1601 B (a proof), and the least peak is 1601 B."""
+    p = loss_then_gather()
+    assert default_budget(p) == 1101
+    for budget in (1101, 1600):
+        res = stall_free_cuts(p, ["b", "y"], budget, FAST)
+        assert res.status == "infeasible" and res.proves_stall
+    res = stall_free_cuts(p, ["b", "y"], 1601, FAST)
+    assert res.status == "optimal" and not res.proves_stall
+    assert res.sets == (("a", "g"), ("a", "b", "g", "wg"))
+    assert res.memory_bytes == (1601, 601) and res.clocks_ns == (2000, 2010)
+    least = stall_free_cuts(p, ["b", "y"], 5000, CutsConfig(time_limit_s=10.0, least=True))
+    assert least.status == "optimal" and least.lower_bound_bytes == 1601
+
+
+def test_one_cut_is_enough_when_the_memory_heads_see_the_peak() -> None:
+    """With y alone as the cut, memory is checked at y only, but g's head carries b's peak: below
+    1601 B, pg + T + U (1101 B, live at b in every order) plus G (500 B) do not fit, so g is issued
+    after b, at 2010 ns or later, and ends at 2710 or later, after y's 2010: infeasible. At 1601 B
+    g may go first, and memory at y is pg + G + U = 601 B."""
+    p = loss_then_gather()
+    assert stall_free_cuts(p, ["y"], 1600, FAST).status == "infeasible"
+    res = stall_free_cuts(p, ["y"], 1601, FAST)
+    assert res.status == "optimal" and res.memory_bytes == (601,) and res.clocks_ns == (2010,)
+
+
+def test_bad_cuts_are_named() -> None:
+    p = loss_then_gather()
+    with pytest.raises(ProblemError, match="'nope': no such op"):
+        stall_free_cuts(p, ["nope"], 1000)
+    with pytest.raises(ProblemError, match="'g': a collective"):
+        stall_free_cuts(p, ["g"], 1000)
+    with pytest.raises(ProblemError, match="'b': listed twice"):
+        stall_free_cuts(p, ["b", "y", "b"], 1000)
+    with pytest.raises(ProblemError, match="no cuts"):
+        stall_free_cuts(p, [], 1000)
+    with pytest.raises(ValueError, match="CutsConfig.workers"):
+        CutsConfig(workers=0)
+
+
+def test_memory_chain_follows_the_path_that_allocates_most() -> None:
+    """a feeds b (allocates 10 B) and c (allocates 50 B); both feed d. The heaviest path is a-c-d,
+    and with a 20 B threshold c is its one cut between a and d."""
+    p = make_problem([compute("a", 1), compute("b", 1, deps=["a"], allocates=["B"]),
+                      compute("c", 1, deps=["a"], allocates=["C"]), compute("d", 1, deps=["b", "c"], uses=["B", "C"])],
+                     [_st("B", 10), _st("C", 50)])
+    assert memory_chain(p, "a", "d", 20) == ["a", "c", "d"]
+    assert memory_chain(p, "a", "d", 60) == ["a", "d"]
+
+
+def _st(name: str, size: int):
+    from tests.solver.solver_builders import storage
+    return storage(name, size)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_memory_matches_the_simulator_for_lone_collectives(seed: int) -> None:
+    """At every compute op of a random order with every collective alone, the relaxation's memory
+    is the simulator's where no collective could share a bucket, and at most it elsewhere."""
+    rng = random.Random(seed)
+    p = random_problem(rng, max_ops=14, kinds=(AG, RS))
+    order = random_topological_order(p, rng)
+    curve = simulate(p, Schedule(order)).memory_curve
+    terms = memory_terms(p)
+    exact = not bucketable(p)
+    index = p.index
+    for q, name in enumerate(order):
+        if p.ops[index[name]].kind is not OpKind.COMPUTE:
+            continue
+        got = memory_at(p, terms, index[name], {index[x] for x in order[:q]})
+        assert got == curve[q] if exact else got <= curve[q], (name, got, curve[q])
+
+
+def test_inputs_of_reduce_scatters_that_may_share_a_bucket_count_until_issued() -> None:
+    """a and b write A and B (100 B each), read only by r1 and r2, two reduce-scatters that may
+    share a bucket. At c, with both still to issue, A and B are live whatever the bucketing:
+    200 B, as the simulator says for the order a, b, c, r1, r2. With r1 issued (alone it holds A
+    to its wait; in a bucket the flat copy holds its 100 B bytes_in) A still counts."""
+    p = make_problem([compute("a", 10, allocates=["A"]), compute("b", 10, allocates=["B"]),
+                      compute("c", 10, deps=["a", "b"]),
+                      coll("r1", kind=RS, runtime_ns=50, bytes_in=100, bytes_out=50, deps=["a"], uses=["A"]),
+                      coll("r2", kind=RS, runtime_ns=50, bytes_in=100, bytes_out=50, deps=["b"], uses=["B"]),
+                      wait("w1", "r1"), wait("w2", "r2")], [_st("A", 100), _st("B", 100)], groups=("A",))
+    terms = memory_terms(p)
+    idx = p.index
+    assert bucketable(p) == {idx["r1"], idx["r2"]}
+    order = ("a", "b", "c", "r1", "r2", "w1", "w2")
+    assert simulate(p, Schedule(order)).memory_curve[2] == 200
+    assert memory_at(p, terms, idx["c"], {idx["a"], idx["b"]}) == 200
+    assert memory_at(p, terms, idx["c"], {idx["a"], idx["b"], idx["r1"]}) == 200
+    assert memory_at(p, terms, idx["c"], {idx["a"], idx["b"], idx["r1"], idx["w1"]}) == 100
+
+
+def test_a_bucket_copy_in_can_cover_a_gather() -> None:
+    """g0 (a gather, 1000 ns alone) feeds y (10 ns) with a (900 ns) beside it: with every collective
+    alone some wait before y stalls (g0's by 100 ns, or a small gather's queued behind it). Bucketing the two small gathers g1, g2 (10 + 20 B each; feed z, after y) and issuing
+    the bucket right after g0 runs its copy-in (100 + 20 ns) on the compute stream first: a ends at
+    1020, after g0's 1000, and nothing stalls before y (the bucket, queued behind g0, stalls z
+    later). So some schedule runs stall-free to y: brute force finds it, and the relaxation, which
+    allows each member half a launch and its bytes (60 ns each), may not rule it out."""
+    p = make_problem([coll("g0", runtime_ns=1000, bytes_in=400, bytes_out=500), wait("w0", "g0"),
+                      coll("g1", runtime_ns=130, bytes_in=10, bytes_out=20), wait("w1", "g1"),
+                      coll("g2", runtime_ns=130, bytes_in=10, bytes_out=20), wait("w2", "g2"),
+                      compute("a", 900), compute("y", 10, deps=["w0", "a"]), compute("z", 10, deps=["w1", "w2", "y"])],
+                     groups=("A",))
+    assert _least_at_cuts(p, [["y"]], [100]) == {(0, 0): 60}  # the bucket's flat buffers, 2 x 10 + 2 x 20 B, live at y
+    for sched in enumerate_schedules(p, ()):  # alone, some wait before y stalls
+        y = sched.order.index("y")
+        assert any(c.exposed_ns and c.wait_pos < y for c in simulate(p, sched).collectives), sched.order
+    assert stall_free_cuts(p, ["y"], 100, FAST).status in ("feasible", "optimal")
+
+
+def _cut_sets(p) -> list[list[str]]:
+    """Each compute op alone; all of them, in reverse program order (most pairs depend on
+    neither, so the model picks their order); and the one with the most ancestors after its
+    compute ancestor that allocates most."""
+    comp = [i for i, op in enumerate(p.ops) if op.kind is OpKind.COMPUTE]
+    out = [[p.ops[i].name] for i in comp]
+    if len(comp) > 1:
+        out.append([p.ops[i].name for i in reversed(comp)])
+    if comp:
+        u = max(comp, key=lambda i: (bin(p.ancestors[i]).count("1"), i))
+        sizes = p.storage_by_name
+        before = [i for i in comp if p.ancestors[u] >> i & 1]
+        if before:
+            v = max(before, key=lambda i: (sum(sizes[s].size_bytes for s in p.ops[i].allocates), i))
+            out.append([p.ops[v].name, p.ops[u].name])
+    return out
+
+
+def _least_at_cuts(p, cut_sets: list[list[str]], budgets: list[int]) -> dict[tuple[int, int], int]:
+    """Brute force: for each (cut set, budget), over every bucketing and canonical schedule whose
+    peak fits the budget and whose waits before the last of the cuts never stall, the least of the
+    largest memory at the cuts (absent: no such schedule)."""
+    best: dict[tuple[int, int], int] = {}
+    for buckets in valid_bucketings(p):
+        for sched in enumerate_schedules(p, buckets):
+            res = simulate(p, sched)
+            pos = {n: q for q, n in enumerate(sched.order)}
+            for a, cuts in enumerate(cut_sets):
+                last = max(pos[c] for c in cuts)
+                if any(c.exposed_ns > 0 and c.wait_pos < last for c in res.collectives):
+                    continue
+                top = max(res.memory_curve[pos[c]] for c in cuts)
+                for b, budget in enumerate(budgets):
+                    if res.peak_memory_bytes <= budget:
+                        best[a, b] = min(best.get((a, b), top), top)
+    return best
+
+
+def test_never_a_proof_where_brute_force_finds_a_stall_free_order() -> None:
+    """Soundness on 30 tiny problems (every bucketing, every canonical schedule), with the cut sets
+    of :func:`_cut_sets`: at a budget where some schedule runs stall-free to the
+    cuts it runs, the relaxation is never infeasible, and its least memory at the cuts is at most
+    that schedule's. The counts keep the test from passing on nothing: it checks cases of both
+    kinds, and where no schedule exists the relaxation proves at least one."""
+    checked = proofs = 0
+    for p in tiny_problems(30, seed=5):
+        cut_sets = _cut_sets(p)
+        budgets = [int(default_budget(p) * scale) for scale in (1.0, 2.0)]
+        brute = _least_at_cuts(p, cut_sets, budgets)
+        for a, cuts in enumerate(cut_sets):
+            for b, budget in enumerate(budgets):
+                res = stall_free_cuts(p, cuts, budget, CutsConfig(time_limit_s=10.0, least=True))
+                if (a, b) not in brute:
+                    proofs += res.proves_stall
+                    continue
+                assert res.status == "optimal", (p.name, cuts, budget, res.status)
+                assert res.lower_bound_bytes is not None and res.lower_bound_bytes <= brute[a, b], \
+                    (p.name, cuts, budget, brute[a, b], res)
+                checked += 1
+    assert checked >= 100 and proofs > 0, (checked, proofs)
+
+
+def test_the_command_line_prints_the_proof(tmp_path, capsys) -> None:
+    """The CLI on loss_then_gather (original peak 1101 B): cuts b, y prove a stall; --least at 1.5x
+    (1651 B) reports the 1601 B of the first test, 1601/1101 = 1.4541x."""
+    from fxsched.benchmarks.stall_proof import main
+    from fxsched.solver.serialization import save_problem
+
+    path = tmp_path / "p.json"
+    save_problem(loss_then_gather(), path)
+    assert main([str(path), "--cuts", "b,y", "--deterministic", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "status infeasible" in out and "proof: every schedule" in out
+    assert main([str(path), "--chain", "a:y", "--min-mb", "0", "--budget", "1.5", "--least", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "3 cut(s) a,b,y" in out and "at least 1.4541x" in out and "proof" not in out
