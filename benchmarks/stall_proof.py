@@ -4,9 +4,10 @@
     python -m fxsched.benchmarks.stall_proof p.json --cuts sub_2 --least
     python -m fxsched.benchmarks.stall_proof p.json --chain div_9:mm_64 --min-mb 100
 
-The command line of :func:`..solver.stall_free_cuts.stall_free_cuts`: cuts given by name, or
-along the path between two ops that allocates most (:func:`..solver.stall_free_cuts.memory_chain`,
-every op on it allocating more than ``--min-mb`` a cut). ``infeasible`` is a proof that every
+The command line of :func:`..solver.stall_free_cuts.stall_free_cuts`: cuts given by name
+(``--cuts``), along the path between two ops that allocates most (``--chain``:
+:func:`..solver.stall_free_cuts.memory_chain`, every op on it allocating more than ``--min-mb`` a
+cut), or both. ``infeasible`` is a proof that every
 schedule within the budget stalls its compute stream before it has run every cut; where
 ``exposed_after_compute`` holds, such a schedule exposes two units or more. ``--least`` reports
 the least memory that every stall-free order reaches at some cut (its bound, when not optimal).
@@ -25,9 +26,8 @@ from ..solver.stall_free_cuts import CutsConfig, memory_chain, stall_free_cuts
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fxsched.benchmarks.stall_proof", description=__doc__.splitlines()[0])
     ap.add_argument("problem", help="problem file from `fxsched export`")
-    where = ap.add_mutually_exclusive_group(required=True)
-    where.add_argument("--cuts", help="comma-separated op names, each depending on the one before")
-    where.add_argument("--chain", metavar="SRC:DST", help="cuts along the path from SRC to DST that allocates most")
+    ap.add_argument("--chain", metavar="SRC:DST", help="cuts along the path from SRC to DST that allocates most")
+    ap.add_argument("--cuts", help="comma-separated compute ops (after --chain's, when both are given)")
     ap.add_argument("--min-mb", type=float, default=100.0, help="--chain: ops allocating more than this are cuts")
     ap.add_argument("--budget", type=float, default=1.0, help="memory budget, a ratio of the original order's peak")
     ap.add_argument("--least", action="store_true", help="minimize the largest memory at the cuts")
@@ -36,13 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deterministic", action="store_true")
     a = ap.parse_args(argv)
     problem = load_problem(a.problem)
-    if a.cuts:
-        cuts = [c for c in a.cuts.split(",") if c]
-    else:
+    if not (a.cuts or a.chain):
+        ap.error("give --cuts, --chain or both")
+    cuts = []
+    if a.chain:
         src, sep, dst = a.chain.partition(":")
         if not sep:
             ap.error(f"--chain {a.chain!r}: expected SRC:DST")
         cuts = memory_chain(problem, src, dst, int(a.min_mb * 1e6))
+    cuts += [c for c in (a.cuts or "").split(",") if c and c not in cuts]
     peak0 = simulate(problem, Schedule.original(problem)).peak_memory_bytes
     budget = int(peak0 * a.budget)
     config = CutsConfig(time_limit_s=a.time_limit, workers=a.workers, deterministic=a.deterministic, least=a.least)

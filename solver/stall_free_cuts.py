@@ -421,6 +421,7 @@ class _CutsModel:
 
 
 def _check_cuts(problem: ScheduleProblem, cuts: Sequence[str]) -> list[int]:
+    """The cuts' op indices; a ProblemError names an unknown, non-compute or repeated cut."""
     if not cuts:
         raise ProblemError("stall_free_cuts: no cuts given")
     index = problem.index

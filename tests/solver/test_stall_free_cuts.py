@@ -211,3 +211,7 @@ def test_the_command_line_prints_the_proof(tmp_path, capsys) -> None:
     assert main([str(path), "--chain", "a:y", "--min-mb", "0", "--budget", "1.5", "--least", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "3 cut(s) a,b,y" in out and "at least 1.4541x" in out and "proof" not in out
+    assert main([str(path), "--chain", "a:b", "--min-mb", "0", "--cuts", "y,b", "--workers", "1"]) == 0
+    assert "3 cut(s) a,b,y" in capsys.readouterr().out  # the chain's, then the others not in it
+    with pytest.raises(SystemExit):
+        main([str(path)])
