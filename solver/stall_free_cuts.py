@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from .bounds import _comm_lb_fn, _memory_peaks, _weights
+from .bounds import _comm_lb_fn, _comm_of, _memory_peaks, _weights
 from .memory_cuts import memory_heads
 from .cut_memory import bucketable, Term, memory_terms
 from .problem import Op, OpKind, ProblemError, ScheduleProblem, bit_mask
@@ -215,7 +215,9 @@ class _CutsModel:
         for c in p.collectives:
             by.setdefault((c.collective.group, c.collective.kind), []).append(c)  # type: ignore[union-attr]
         fns = {key: _comm_lb_fn(p, key[0], key[1], members) for key, members in by.items()}
-        self.lb_of = {key: fn for key, (fn, _) in fns.items()}
+        self.lb_of: dict[str, dict] = {}  # group -> kind -> the bound, as bounds._comm_of takes them
+        for (group, kind), (fn, _) in fns.items():
+            self.lb_of.setdefault(group, {})[kind] = fn
         # per collective: comm time every bucketing pays for its bytes (the bound's cost per byte)
         self.per_byte = {index[c.name]: math.floor(fns[c.collective.group, c.collective.kind][1]  # type: ignore[union-attr]
                                                    * c.collective.size_bytes) for c in p.collectives}  # type: ignore[union-attr]
@@ -238,14 +240,10 @@ class _CutsModel:
 
     def _comm(self, cols: Sequence[int]) -> int:
         """Least comm time of ``cols`` (one group) in any buckets, rounded down."""
-        total = 0.0
-        by: dict[tuple, list[Op]] = {}
-        for i in cols:
-            info = self.p.ops[i].collective
-            by.setdefault((info.group, info.kind), []).append(self.p.ops[i])  # type: ignore[union-attr]
-        for key, ops in by.items():
-            total += self.lb_of[key](len(ops), float(sum(o.collective.size_bytes for o in ops)))  # type: ignore[union-attr]
-        return max(0, math.floor(total))
+        if not cols:
+            return 0
+        ops = [self.p.ops[i] for i in cols]
+        return max(0, math.floor(_comm_of(ops, self.lb_of[ops[0].collective.group], {})))  # type: ignore[union-attr]
 
     def _need(self, cols: Sequence[int], k: int) -> int:
         """The least clock at cut k once all of ``cols`` (one group) have ended: the last of those

@@ -14,7 +14,7 @@ from fxsched.solver.stall_free_cuts import CutsConfig, memory_chain, stall_free_
 
 from tests.solver.oracle import default_budget, enumerate_schedules, valid_bucketings
 from tests.solver.random_dags import random_problem, random_topological_order
-from tests.solver.solver_builders import AG, RS, coll, compute, loss_then_gather, make_problem, wait
+from tests.solver.solver_builders import AG, RS, coll, compute, loss_then_gather, make_problem, storage, wait
 from tests.solver.tiny_instances import tiny_problems
 
 FAST = CutsConfig(time_limit_s=10.0, workers=1, seed=0, deterministic=True)
@@ -68,14 +68,9 @@ def test_memory_chain_follows_the_path_that_allocates_most() -> None:
     and with a 20 B threshold c is its one cut between a and d."""
     p = make_problem([compute("a", 1), compute("b", 1, deps=["a"], allocates=["B"]),
                       compute("c", 1, deps=["a"], allocates=["C"]), compute("d", 1, deps=["b", "c"], uses=["B", "C"])],
-                     [_st("B", 10), _st("C", 50)])
+                     [storage("B", 10), storage("C", 50)])
     assert memory_chain(p, "a", "d", 20) == ["a", "c", "d"]
     assert memory_chain(p, "a", "d", 60) == ["a", "d"]
-
-
-def _st(name: str, size: int):
-    from tests.solver.solver_builders import storage
-    return storage(name, size)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -105,7 +100,7 @@ def test_inputs_of_reduce_scatters_that_may_share_a_bucket_count_until_issued() 
                       compute("c", 10, deps=["a", "b"]),
                       coll("r1", kind=RS, runtime_ns=50, bytes_in=100, bytes_out=50, deps=["a"], uses=["A"]),
                       coll("r2", kind=RS, runtime_ns=50, bytes_in=100, bytes_out=50, deps=["b"], uses=["B"]),
-                      wait("w1", "r1"), wait("w2", "r2")], [_st("A", 100), _st("B", 100)], groups=("A",))
+                      wait("w1", "r1"), wait("w2", "r2")], [storage("A", 100), storage("B", 100)], groups=("A",))
     terms = memory_terms(p)
     idx = p.index
     assert bucketable(p) == {idx["r1"], idx["r2"]}
