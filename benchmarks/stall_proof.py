@@ -2,7 +2,7 @@
 
     fxsched export --graph llama_fsdp_32r_4n --part backward -o p.json
     python -m fxsched.benchmarks.stall_proof p.json --cuts sub_2 --least
-    python -m fxsched.benchmarks.stall_proof p.json --chain div_9:mm_64 --min-mb 100
+    python -m fxsched.benchmarks.stall_proof p.json --chain div_9:mm_64 --min-mb 100 --sets-out sets.json
 
 The command line of :func:`..solver.stall_free_cuts.stall_free_cuts`: cuts given by name
 (``--cuts``), along the path between two ops that allocates most (``--chain``:
@@ -16,6 +16,7 @@ the least memory that every stall-free order reaches at some cut (its bound, whe
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..solver import Schedule, simulate
 from ..solver.bounds import exposed_after_compute
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds (deterministic time with --deterministic)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--sets-out", metavar="PATH", help="write the answer as JSON: status, cuts, and per cut the set "
+                    "of ops before it, its memory and its compute clock (a lead for building an order)")
     a = ap.parse_args(argv)
     problem = load_problem(a.problem)
     if not (a.cuts or a.chain):
@@ -61,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
               f"clock there {res.clocks_ns[top] / 1e3:,.1f} us")
     if res.proves_stall:
         print("  proof: every schedule within the budget stalls its compute stream before it has run every cut")
+    if a.sets_out:
+        with open(a.sets_out, "w") as fh:
+            json.dump({"problem": problem.name, "status": res.status, "budget_bytes": budget, "cuts": cuts,
+                       "sets": [list(s) for s in res.sets], "memory_bytes": list(res.memory_bytes),
+                       "clocks_ns": list(res.clocks_ns), "lower_bound_bytes": res.lower_bound_bytes}, fh, indent=1)
     return 0
 
 

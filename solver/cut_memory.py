@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from .problem import Op, OpKind, ScheduleProblem
 
-__all__ = ["Term", "bucketable", "memory_at", "memory_terms"]
+__all__ = ["Term", "bucket_partners", "bucketable", "memory_at", "memory_terms"]
 
 
 class Term(NamedTuple):
@@ -36,13 +36,20 @@ class Term(NamedTuple):
 
 def bucketable(problem: ScheduleProblem) -> set[int]:
     """Collectives that some bucket could hold: another independent one shares a key (any dtype)."""
+    return set(bucket_partners(problem))
+
+
+def bucket_partners(problem: ScheduleProblem) -> dict[int, list[int]]:
+    """Per collective that some bucket could hold, the others that could share one with it: the
+    same key (any dtype) and neither depends on the other."""
     cols = problem.collectives
     index = problem.index
-    out: set[int] = set()
+    out: dict[int, list[int]] = {}
     for a, b in itertools.combinations(cols, 2):
         if a.collective.bucket_key(True) == b.collective.bucket_key(True) and not (  # type: ignore[union-attr]
                 problem.depends_on(a.name, b.name) or problem.depends_on(b.name, a.name)):
-            out.update((index[a.name], index[b.name]))
+            out.setdefault(index[a.name], []).append(index[b.name])
+            out.setdefault(index[b.name], []).append(index[a.name])
     return out
 
 

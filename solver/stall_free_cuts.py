@@ -17,7 +17,9 @@ which moves no event in time and raises no memory at a compute op). Then:
 - *time:* the clock at ``u_k`` is the compute of ``X_k`` plus the bucket copies run before it;
   per member of a bucket issued before it that is at most half a launch and its bytes' share of
   the copy-in, and for a gather waited before it as much of the copy-out (a bucket has two
-  members or more; a copy is one launch plus its bytes at the memory bandwidth). Every collective
+  members or more, issued together, so a member counts only where a collective that could share
+  its bucket was issued before the cut too; a copy is one launch plus its bytes at the memory
+  bandwidth). Every collective
   that ``u_k`` depends on has ended by then, and what runs after its wait and before ``u_k`` (its
   *tail*) has run too. Each was issued no earlier than its *head*, the compute that precedes it in
   every schedule within the budget (its ancestors', or :func:`.memory_cuts.memory_heads`), and
@@ -25,6 +27,7 @@ which moves no event in time and raises no memory at a compute op). Then:
   comm time (:func:`.bounds._comm_lb_fn`, any bucketing) of those with heads ``>= h`` and tails
   ``>= τ``. A collective issued after an earlier cut ``u_j`` starts after ``u_j`` ends and after
   all of its group issued before ``u_j`` (FIFO); one whose wait runs before ``u_k`` has ended.
+  Those sums price each byte at what every bucketing within the budget pays (:func:`_byte_prices`).
 - *memory:* what the simulator counts at ``u_k``, or less (:mod:`.cut_memory`).
 
 Memory is checked at the cuts only and time from below only, so a solution is no schedule; no
@@ -45,9 +48,9 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from .bounds import _comm_lb_fn, _comm_of, _memory_peaks, _weights
-from .memory_cuts import memory_heads
-from .cut_memory import bucketable, Term, memory_terms
+from .bounds import _budget_prices, _comm_lb_fn, _comm_of, _concave_minorant, _memory_peaks, _weights
+from .memory_cuts import bucket_size_caps, memory_heads
+from .cut_memory import bucket_partners, Term, memory_terms
 from .problem import Op, OpKind, ProblemError, ScheduleProblem, bit_mask
 
 __all__ = ["CutsConfig", "CutsResult", "memory_chain", "stall_free_cuts"]
@@ -218,25 +221,46 @@ class _CutsModel:
         self.lb_of: dict[str, dict] = {}  # group -> kind -> the bound, as bounds._comm_of takes them
         for (group, kind), (fn, _) in fns.items():
             self.lb_of.setdefault(group, {})[kind] = fn
-        # per collective: comm time every bucketing pays for its bytes (the bound's cost per byte)
-        self.per_byte = {index[c.name]: math.floor(fns[c.collective.group, c.collective.kind][1]  # type: ignore[union-attr]
-                                                   * c.collective.size_bytes) for c in p.collectives}  # type: ignore[union-attr]
-        shared = bucketable(p)
+        # per collective: comm time every bucketing within the budget pays for its bytes
+        rate = _byte_prices(p, self.budget, by, {key: s for key, (_, s) in fns.items()})
+        self.per_byte = {index[c.name]: math.floor(rate[c.name] * c.collective.size_bytes)  # type: ignore[union-attr]
+                         for c in p.collectives}
+        partners = bucket_partners(p)
         costs = p.bucket_costs
         # A bucket (two members or more) copies in at its issue and, for gathers, out at its wait:
         # launch + 2 bytes / bandwidth each. Per member that is at most half a launch plus its own
-        # bytes' share, counted where it was issued (copy-in) or waited (copy-out) before the cut.
+        # bytes' share, counted where it was issued (copy-in) or waited (copy-out) before the cut,
+        # and only where a collective that could share its bucket was issued before the cut too
+        # (a bucket's members are issued together).
         wait_of = p.wait_of
         half = -(-costs.launch_overhead_ns // 2)
-        self.allow: list[tuple[int, int]] = []  # (op whose being before the cut pays, ns)
+        self.allow: list[tuple[int, int, list[int]]] = []  # (op whose being before the cut pays, ns, partners)
         for c in p.collectives:
             i, info = index[c.name], c.collective
-            if i in shared:
-                self.allow.append((i, half + math.ceil(2 * info.bytes_in / costs.memory_bandwidth_gbps)))  # type: ignore[union-attr]
+            if i in partners:
+                self.allow.append((i, half + math.ceil(2 * info.bytes_in / costs.memory_bandwidth_gbps),  # type: ignore[union-attr]
+                                   partners[i]))
                 if info.kind.bucket_copies_out:  # type: ignore[union-attr]
                     self.allow.append((index[wait_of[c.name]],
-                                       half + math.ceil(2 * info.bytes_out / costs.memory_bandwidth_gbps)))  # type: ignore[union-attr]
-        self.clock = [self.t[k] + sum(a * self.x[k][i] for i, a in self.allow) for k in range(len(self.cuts))]
+                                       half + math.ceil(2 * info.bytes_out / costs.memory_bandwidth_gbps),  # type: ignore[union-attr]
+                                       partners[i]))
+        self.clock = [self.t[k] + sum(a * self._paid(k, i, mates) for i, a, mates in self.allow)
+                      for k in range(len(self.cuts))]
+
+    def _paid(self, k: int, i: int, mates: list[int]):
+        """0, 1 or a literal: op ``i`` runs before cut k and so does one of ``mates`` (issued with it)."""
+        x = self.x[k]
+        mine, others = x[i], [x[j] for j in mates if not (isinstance(x[j], int) and x[j] == 0)]
+        if (isinstance(mine, int) and mine == 0) or not others:
+            return 0
+        if isinstance(mine, int) and any(isinstance(o, int) for o in others):
+            return 1
+        z = self.m.NewBoolVar("")
+        if not isinstance(mine, int):
+            self.m.AddImplication(z, mine)
+        if not any(isinstance(o, int) for o in others):
+            self.m.AddBoolOr([z.Not(), *others])
+        return z
 
     def _comm(self, cols: Sequence[int]) -> int:
         """Least comm time of ``cols`` (one group) in any buckets, rounded down."""
@@ -325,8 +349,8 @@ class _CutsModel:
         """The stream runs what ended before a cut one at a time, and in issue order.
 
         Ended by cut k's clock: what it needs and what was waited before it; those with heads of
-        ``h`` or more take at least their bytes' comm time (the cost per byte every bucketing pays)
-        after ``h``. A collective that cut k needs but that was issued after ``u_j`` ends after
+        ``h`` or more take at least their bytes' comm time after ``h``, at the prices of
+        :func:`_byte_prices` (linear in the literals). A collective that cut k needs but that was issued after ``u_j`` ends after
         everything issued before ``u_j`` in its group (FIFO)."""
         p, index = self.p, self.p.index
         wait_of = p.wait_of
@@ -416,6 +440,34 @@ class _CutsModel:
             for expr in self.mem:
                 self.m.Add(expr <= self.peak)
             self.m.Minimize(self.peak)
+
+
+def _byte_prices(problem: ScheduleProblem, budget_bytes: int, by: dict[tuple, list[Op]],
+                 slopes: dict[tuple, float]) -> dict[str, float]:
+    """Per collective: a cost per byte of its own that it pays in every bucketing of every schedule
+    within ``budget_bytes``, so that a set's comm time is at least the sum of its members' prices
+    times their bytes (linear, for the FIFO sums). The largest of three valid prices:
+
+    - the slope every bucketing pays (:func:`.bounds._linear_slope`, the curve's asymptote);
+    - the chord of the concave minorant ``g`` over the group and kind's ``T`` bytes in all: a
+      bucket holds at most ``T`` bytes and ``g(x)/x`` does not grow with ``x`` (``g`` concave,
+      ``g(0) >= 0``), so a bucket costs at least ``g(T)/T`` per byte;
+    - the budget's price (:func:`.bounds._budget_prices`): within the budget a bucket holding
+      ``c`` is at most ``cap(c)`` bytes, so ``g(cap)/cap`` per byte.
+    """
+    prices = _budget_prices(problem, bucket_size_caps(problem, budget_bytes))
+    out: dict[str, float] = {}
+    for key, members in by.items():
+        rate = slopes[key]
+        curve = problem.curve_by_key.get(key)
+        conc = _concave_minorant(curve, members) if curve is not None else None
+        total = float(sum(c.collective.size_bytes for c in members))  # type: ignore[union-attr]
+        if conc is not None and total > 0:
+            lam, lines = conc
+            rate = max(rate, lam * min(a / total + b for a, b in lines))
+        for c in members:
+            out[c.name] = max(rate, prices.get(c.name, 0.0))
+    return out
 
 
 def _check_cuts(problem: ScheduleProblem, cuts: Sequence[str]) -> list[int]:

@@ -3,14 +3,16 @@ against the simulator's, and its soundness against brute force over every schedu
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
 from fxsched.solver import ProblemError, Schedule, simulate
 from fxsched.solver.problem import OpKind
-from fxsched.solver.cut_memory import bucketable, memory_at, memory_terms
-from fxsched.solver.stall_free_cuts import CutsConfig, memory_chain, stall_free_cuts
+from fxsched.solver.cut_memory import bucket_partners, bucketable, memory_at, memory_terms
+from fxsched.solver.bounds import _comm_lb_fn
+from fxsched.solver.stall_free_cuts import CutsConfig, _byte_prices, memory_chain, stall_free_cuts
 
 from tests.solver.oracle import default_budget, enumerate_schedules, valid_bucketings
 from tests.solver.random_dags import random_problem, random_topological_order
@@ -130,6 +132,52 @@ def test_a_bucket_copy_in_can_cover_a_gather() -> None:
     assert stall_free_cuts(p, ["y"], 100, FAST).status in ("feasible", "optimal")
 
 
+def test_a_copy_counts_only_where_a_bucket_mate_was_issued_before_the_cut() -> None:
+    """As above with a = 950 ns and g0 in a group of its own, but g2 reads y's output, so the
+    bucket {g1, g2} is issued after y:
+    before y, g1 can only go alone and copies nothing. Then y's clock is a's 950 ns (plus what
+    ran ahead of g0 in its queue), and g0 ends at 1000 or later: every schedule stalls before y,
+    as brute force confirms. The relaxation proves it; counting g1's 60 ns copy-in share without
+    its mate (950 + 60 >= 1000) would not."""
+    p = make_problem([coll("g0", "B", runtime_ns=1000, bytes_in=400, bytes_out=500), wait("w0", "g0"),
+                      coll("g1", runtime_ns=130, bytes_in=10, bytes_out=20), wait("w1", "g1"),
+                      compute("a", 950), compute("y", 10, deps=["w0", "a"]),
+                      coll("g2", runtime_ns=130, bytes_in=10, bytes_out=20, deps=["y"]), wait("w2", "g2"),
+                      compute("z", 10, deps=["w1", "w2", "y"])],
+                     groups=("A", "B"))
+    assert bucket_partners(p) == {p.index["g1"]: [p.index["g2"]], p.index["g2"]: [p.index["g1"]]}
+    assert _least_at_cuts(p, [["y"]], [10_000]) == {}  # no schedule reaches y without a stall
+    res = stall_free_cuts(p, ["y"], 10_000, FAST)
+    assert res.status == "infeasible" and res.proves_stall
+
+
+def test_byte_prices_are_paid_by_every_bucket_of_a_schedule_within_the_budget() -> None:
+    """The FIFO sums price each collective's bytes (:func:`_byte_prices`). On 30 tiny problems, at
+    the original peak and twice it: for every bucketing that some schedule within the budget uses
+    (brute force), each bucket's runtime, and each lone collective's, is at least the sum of its
+    members' prices times their bytes. The count keeps it from passing on nothing, and at least
+    one price is above the curve's asymptotic slope (the bound the sums used before)."""
+    checked = above = 0
+    for p in tiny_problems(30, seed=5):
+        by: dict[tuple, list] = {}
+        for c in p.collectives:
+            by.setdefault((c.collective.group, c.collective.kind), []).append(c)
+        slopes = {key: _comm_lb_fn(p, key[0], key[1], members)[1] for key, members in by.items()}
+        for budget in (default_budget(p), 2 * default_budget(p)):
+            price = _byte_prices(p, budget, by, slopes)
+            above += any(price[c.name] > slopes[c.collective.group, c.collective.kind] * (1 + 1e-9) for c in p.collectives)
+            for buckets in valid_bucketings(p):
+                if not any(simulate(p, s).peak_memory_bytes <= budget for s in enumerate_schedules(p, buckets)):
+                    continue
+                bucketed = {m for b in buckets for m in b}
+                units = [*buckets, *((c.name,) for c in p.collectives if c.name not in bucketed)]
+                for unit in units:
+                    paid = sum(price[m] * p.op_by_name[m].collective.size_bytes for m in unit)
+                    assert p.bucket_runtime_ns(unit) >= paid * (1 - 1e-9), (p.name, budget, unit)
+                    checked += 1
+    assert checked >= 200 and above > 0, (checked, above)
+
+
 def _cut_sets(p) -> list[list[str]]:
     """Each compute op alone; all of them, in reverse program order (most pairs depend on
     neither, so the model picks their order); and the one with the most ancestors after its
@@ -203,6 +251,12 @@ def test_the_command_line_prints_the_proof(tmp_path, capsys) -> None:
     assert main([str(path), "--cuts", "b,y", "--deterministic", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "status infeasible" in out and "proof: every schedule" in out
+    sets = tmp_path / "sets.json"
+    assert main([str(path), "--cuts", "b,y", "--budget", "1.5", "--workers", "1", "--sets-out", str(sets)]) == 0
+    answer = json.loads(sets.read_text())  # the first test's answer at 1651 B
+    assert answer["status"] == "optimal" and answer["cuts"] == ["b", "y"] and answer["budget_bytes"] == 1651
+    assert answer["sets"] == [["a", "g"], ["a", "b", "g", "wg"]] and answer["memory_bytes"] == [1601, 601]
+    assert answer["clocks_ns"] == [2000, 2010]
     assert main([str(path), "--chain", "a:y", "--min-mb", "0", "--budget", "1.5", "--least", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "3 cut(s) a,b,y" in out and "at least 1.4541x" in out and "proof" not in out
