@@ -19,11 +19,11 @@ which moves no event in time and raises no memory at a compute op). Then:
   the copy-in, and for a gather waited before it as much of the copy-out (a bucket has two
   members or more, issued together, so a member counts only where a collective that could share
   its bucket was issued before the cut too; a copy is one launch plus its bytes at the memory
-  bandwidth). Every collective
-  that ``u_k`` depends on has ended by then, and what runs after its wait and before ``u_k`` (its
-  *tail*) has run too. Each was issued no earlier than its *head*, the compute that precedes it in
-  every schedule within the budget (its ancestors', or :func:`.memory_cuts.memory_heads`), and
-  its group runs one collective at a time; so the clock is at least ``h + τ`` plus the least
+  bandwidth). Every collective that ``u_k`` depends on has ended by then, and what runs after its
+  wait and before ``u_k`` (its *tail*) has run too. Each was issued no earlier than its *head*,
+  the compute that precedes it in every schedule within the budget (its ancestors', or
+  :func:`.memory_cuts.memory_heads`), and its group runs one collective at a time; so the clock
+  is at least ``h + τ`` plus the least
   comm time (:func:`.bounds._comm_lb_fn`, any bucketing) of those with heads ``>= h`` and tails
   ``>= τ``. A collective issued after an earlier cut ``u_j`` starts after ``u_j`` ends and after
   all of its group issued before ``u_j`` (FIFO); one whose wait runs before ``u_k`` has ended.
@@ -234,16 +234,15 @@ class _CutsModel:
         # (a bucket's members are issued together).
         wait_of = p.wait_of
         half = -(-costs.launch_overhead_ns // 2)
-        self.allow: list[tuple[int, int, list[int]]] = []  # (op whose being before the cut pays, ns, partners)
+        self.allow: list[tuple[int, int, list[int]]] = []  # (op whose being before the cut pays, ns, mates)
+        bw = costs.memory_bandwidth_gbps
         for c in p.collectives:
             i, info = index[c.name], c.collective
             if i in partners:
-                self.allow.append((i, half + math.ceil(2 * info.bytes_in / costs.memory_bandwidth_gbps),  # type: ignore[union-attr]
-                                   partners[i]))
+                self.allow.append((i, half + math.ceil(2 * info.bytes_in / bw), partners[i]))  # type: ignore[union-attr]
                 if info.kind.bucket_copies_out:  # type: ignore[union-attr]
-                    self.allow.append((index[wait_of[c.name]],
-                                       half + math.ceil(2 * info.bytes_out / costs.memory_bandwidth_gbps),  # type: ignore[union-attr]
-                                       partners[i]))
+                    out_ns = half + math.ceil(2 * info.bytes_out / bw)  # type: ignore[union-attr]
+                    self.allow.append((index[wait_of[c.name]], out_ns, partners[i]))
         self.clock = [self.t[k] + sum(a * self._paid(k, i, mates) for i, a, mates in self.allow)
                       for k in range(len(self.cuts))]
 
@@ -350,8 +349,8 @@ class _CutsModel:
 
         Ended by cut k's clock: what it needs and what was waited before it; those with heads of
         ``h`` or more take at least their bytes' comm time after ``h``, at the prices of
-        :func:`_byte_prices` (linear in the literals). A collective that cut k needs but that was issued after ``u_j`` ends after
-        everything issued before ``u_j`` in its group (FIFO)."""
+        :func:`_byte_prices` (linear in the literals). A collective that cut k needs but that was
+        issued after ``u_j`` ends after everything issued before ``u_j`` in its group (FIFO)."""
         p, index = self.p, self.p.index
         wait_of = p.wait_of
         by_group: dict[str, list[int]] = {}
