@@ -453,6 +453,11 @@ def _byte_prices(problem: ScheduleProblem, budget_bytes: int, by: dict[tuple, li
       ``g(0) >= 0``), so a bucket costs at least ``g(T)/T`` per byte;
     - the budget's price (:func:`.bounds._budget_prices`): within the budget a bucket holding
       ``c`` is at most ``cap(c)`` bytes, so ``g(cap)/cap`` per byte.
+
+    Each member may take its own largest: a bucket of ``S <= T`` bytes (``S <= cap(m)`` for each
+    member ``m``) costs at least ``max(g(S), h(S)) >= S * max(slope, g(S)/S)``, and ``g(S)/S`` is
+    at least the chord and every member's budget price, so the bucket pays the sum of its members'
+    prices times their bytes. A lone collective costs its runtime, at least ``g`` of its size.
     """
     prices = _budget_prices(problem, bucket_size_caps(problem, budget_bytes))
     out: dict[str, float] = {}
