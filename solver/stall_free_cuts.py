@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from .bounds import _budget_prices, _comm_lb_fn, _comm_of, _concave_minorant, _memory_peaks, _weights
+from .bounds import _budget_prices, _comm_lb_fn, _comm_of, _memory_peaks, _weights
 from .memory_cuts import bucket_size_caps, memory_heads
 from .cut_memory import bucket_partners, Term, memory_terms
 from .problem import Op, OpKind, ProblemError, ScheduleProblem, bit_mask
@@ -445,33 +445,27 @@ def _byte_prices(problem: ScheduleProblem, budget_bytes: int, by: dict[tuple, li
                  slopes: dict[tuple, float]) -> dict[str, float]:
     """Per collective: a cost per byte of its own that it pays in every bucketing of every schedule
     within ``budget_bytes``, so that a set's comm time is at least the sum of its members' prices
-    times their bytes (linear, for the FIFO sums). The largest of three valid prices:
+    times their bytes (linear, for the FIFO sums). The larger of two valid prices:
 
     - the slope every bucketing pays (:func:`.bounds._linear_slope`, the curve's asymptote);
-    - the chord of the concave minorant ``g`` over the group and kind's ``T`` bytes in all: a
-      bucket holds at most ``T`` bytes and ``g(x)/x`` does not grow with ``x`` (``g`` concave,
-      ``g(0) >= 0``), so a bucket costs at least ``g(T)/T`` per byte;
-    - the budget's price (:func:`.bounds._budget_prices`): within the budget a bucket holding
-      ``c`` is at most ``cap(c)`` bytes, so ``g(cap)/cap`` per byte.
+    - :func:`.bounds._budget_prices`, ``g(x)/x`` with ``g`` the concave minorant, at the largest
+      bucket that can hold the collective: within the budget at most ``cap(c)`` bytes
+      (:func:`.memory_cuts.bucket_size_caps`), and never more than the ``T`` bytes of its group
+      and kind in all. ``g(x)/x`` does not grow with ``x`` (``g`` concave, ``g(0) >= 0``), so the
+      smaller bound gives the higher price.
 
-    Each member may take its own largest: a bucket of ``S <= T`` bytes (``S <= cap(m)`` for each
-    member ``m``) costs at least ``max(g(S), h(S)) >= S * max(slope, g(S)/S)``, and ``g(S)/S`` is
-    at least the chord and every member's budget price, so the bucket pays the sum of its members'
+    Each member may take its own price: a bucket of ``S`` bytes (``S <= T`` and ``S <= cap(m)``
+    for each member ``m``) costs at least ``max(g(S), h(S)) >= S * max(slope, g(S)/S)``, and
+    ``g(S)/S`` is at least every member's budget price, so the bucket pays the sum of its members'
     prices times their bytes. A lone collective costs its runtime, at least ``g`` of its size.
     """
-    prices = _budget_prices(problem, bucket_size_caps(problem, budget_bytes))
-    out: dict[str, float] = {}
-    for key, members in by.items():
-        rate = slopes[key]
-        curve = problem.curve_by_key.get(key)
-        conc = _concave_minorant(curve, members) if curve is not None else None
+    caps = bucket_size_caps(problem, budget_bytes)
+    bounded: dict[str, float] = {}
+    for members in by.values():
         total = float(sum(c.collective.size_bytes for c in members))  # type: ignore[union-attr]
-        if conc is not None and total > 0:
-            lam, lines = conc
-            rate = max(rate, lam * min(a / total + b for a, b in lines))
-        for c in members:
-            out[c.name] = max(rate, prices.get(c.name, 0.0))
-    return out
+        bounded.update((c.name, min(caps.get(c.name, math.inf), total)) for c in members)
+    prices = _budget_prices(problem, bounded)
+    return {c.name: max(slopes[key], prices.get(c.name, 0.0)) for key, members in by.items() for c in members}
 
 
 def _check_cuts(problem: ScheduleProblem, cuts: Sequence[str]) -> list[int]:
