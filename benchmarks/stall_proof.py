@@ -6,7 +6,7 @@
 
 The command line of :func:`..solver.stall_free_cuts.stall_free_cuts`: cuts given by name
 (``--cuts``), along the path between two ops that allocates most (``--chain``:
-:func:`..solver.stall_free_cuts.memory_chain`, every op on it allocating more than ``--min-mb`` a
+:func:`..solver.cut_memory.memory_chain`, every op on it allocating more than ``--min-mb`` a
 cut), or both. ``infeasible`` is a proof that every
 schedule within the budget stalls its compute stream before it has run every cut; where
 ``exposed_after_compute`` holds, such a schedule exposes two units or more. ``--least`` reports
@@ -21,7 +21,8 @@ import json
 from ..solver import Schedule, simulate
 from ..solver.bounds import exposed_after_compute
 from ..solver.serialization import load_problem
-from ..solver.stall_free_cuts import CutsConfig, memory_chain, stall_free_cuts
+from ..solver.cut_memory import memory_chain
+from ..solver.stall_free_cuts import CutsConfig, stall_free_cuts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds (deterministic time with --deterministic)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--set-levels", type=int, default=CutsConfig.set_levels,
+                    help="head levels per cut whose FIFO sums also take the set's cheapest buckets (0: none)")
     ap.add_argument("--sets-out", metavar="PATH", help="write the answer as JSON: status, cuts, and per cut the set "
                     "of ops before it, its memory and its compute clock (a lead for building an order)")
     a = ap.parse_args(argv)
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     cuts += [c for c in (a.cuts or "").split(",") if c and c not in cuts]
     peak0 = simulate(problem, Schedule.original(problem)).peak_memory_bytes
     budget = int(peak0 * a.budget)
-    config = CutsConfig(time_limit_s=a.time_limit, workers=a.workers, deterministic=a.deterministic, least=a.least)
+    config = CutsConfig(time_limit_s=a.time_limit, workers=a.workers, deterministic=a.deterministic, least=a.least,
+                        set_levels=a.set_levels)
     res = stall_free_cuts(problem, cuts, budget, config)
     print(f"{problem.name}: {len(cuts)} cut(s) {','.join(cuts)}")
     print(f"  budget {a.budget:g}x the original peak ({budget:,} B); every compute op feeds a collective: "

@@ -8,6 +8,7 @@ its issue, with ``min(size, bytes_in)`` held while it is in flight and nothing e
 (alone it holds the input, in a bucket the flat copy holds ``bytes_in``); a gather's outputs, while
 in flight, at most its ``bytes_out`` (a gather bucket copies them out at its wait). So the count is
 the simulator's where every collective is alone and could not share a bucket, and never more.
+:func:`memory_chain` picks cuts where memory can peak: along the path that allocates most.
 
 Why not torch's ``memory_estimator``: it follows one order; this counts for a set of ops.
 """
@@ -18,9 +19,9 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .problem import Op, OpKind, ScheduleProblem
+from .problem import Op, OpKind, ProblemError, ScheduleProblem
 
-__all__ = ["Term", "bucket_partners", "bucketable", "memory_at", "memory_terms"]
+__all__ = ["Term", "bucket_partners", "bucketable", "memory_at", "memory_chain", "memory_terms"]
 
 
 class Term(NamedTuple):
@@ -119,3 +120,34 @@ def memory_at(problem: ScheduleProblem, terms: Sequence[Term], cut: int, before:
         live.append(on)
         total += t.size * on
     return total
+
+
+def memory_chain(problem: ScheduleProblem, src: str, dst: str, min_bytes: int) -> list[str]:
+    """Cuts along the dependency path from ``src`` to ``dst`` that allocates the most: ``src``,
+    the ops on it allocating more than ``min_bytes`` (where a memory peak can be), ``dst``."""
+    index = problem.index
+    for name in (src, dst):
+        if name not in index:
+            raise ProblemError(f"cut {name!r}: no such op")
+    a, b = index[src], index[dst]
+    if not problem.ancestors[b] >> a & 1:
+        raise ProblemError(f"cut {dst!r}: does not depend on {src!r}")
+    sizes = problem.storage_by_name
+
+    def alloc(i: int) -> int:
+        return sum(sizes[s].size_bytes for s in problem.ops[i].allocates)
+
+    between = [i for i in range(a + 1, b) if problem.descendants[a] >> i & 1 and problem.ancestors[b] >> i & 1]
+    best: dict[int, tuple[int, int | None]] = {a: (0, None)}
+    for i in [*between, b]:  # the problem's order is topological
+        prev = [(best[index[d]][0], index[d]) for d in problem.ops[i].deps if index[d] in best]
+        if prev:
+            v, j = max(prev)
+            best[i] = (v + (alloc(i) if alloc(i) > min_bytes else 0), j)
+    path, i = [], best[b][1]
+    while i is not None and i != a:
+        path.append(i)
+        i = best[i][1]
+    keep = [problem.ops[i].name for i in reversed(path)
+            if alloc(i) > min_bytes and problem.ops[i].kind not in (OpKind.COLLECTIVE, OpKind.WAIT)]
+    return [src, *keep, dst]

@@ -25,9 +25,14 @@ which moves no event in time and raises no memory at a compute op). Then:
   :func:`.memory_cuts.memory_heads`), and its group runs one collective at a time; so the clock
   is at least ``h + τ`` plus the least
   comm time (:func:`.bounds._comm_lb_fn`, any bucketing) of those with heads ``>= h`` and tails
-  ``>= τ``. A collective issued after an earlier cut ``u_j`` starts after ``u_j`` ends and after
-  all of its group issued before ``u_j`` (FIFO); one whose wait runs before ``u_k`` has ended.
-  Those sums price each byte at what every bucketing within the budget pays (:func:`_byte_prices`).
+  ``>= τ``. Its own bucket's copy-in runs before it starts and the copy-out after it ends, so
+  for one such collective the clock less its own copy allowances is at least that. A collective
+  issued after an earlier cut ``u_j`` starts after ``u_j`` ends and after all of its group issued
+  before ``u_j`` (FIFO); one whose wait runs before ``u_k`` has ended. Those sums price each byte
+  at what every bucket that runs before the cut pays within the budget
+  (:func:`.cut_prices.cut_byte_prices`), and the sets made of whole buckets (what was issued
+  before a cut; at ``set_levels`` head levels, what ended before one) at least the cheapest
+  buckets of their bytes (:func:`.cut_prices.set_chords`).
 - *memory:* what the simulator counts at ``u_k``, or less (:mod:`.cut_memory`).
 
 Memory is checked at the cuts only and time from below only, so a solution is no schedule; no
@@ -48,12 +53,13 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from .bounds import _budget_prices, _comm_lb_fn, _comm_of, _memory_peaks, _weights
-from .memory_cuts import bucket_size_caps, memory_heads
+from .bounds import _comm_lb_fn, _comm_of, _memory_peaks, _weights
+from .cut_prices import byte_prices, cut_byte_prices, set_chords
+from .memory_cuts import memory_heads
 from .cut_memory import bucket_partners, Term, memory_terms
 from .problem import Op, OpKind, ProblemError, ScheduleProblem, bit_mask
 
-__all__ = ["CutsConfig", "CutsResult", "memory_chain", "stall_free_cuts"]
+__all__ = ["CutsConfig", "CutsResult", "stall_free_cuts"]
 
 _STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
            cp_model.UNKNOWN: "unknown", cp_model.MODEL_INVALID: "invalid"}
@@ -64,7 +70,8 @@ class CutsConfig:
     """How to solve the relaxation. ``deterministic``: the limit is CP-SAT's deterministic time
     (repeatable, for tests); ``least``: minimize the largest memory at the cuts; ``max_subset``:
     the largest set of newly needed collectives whose subsets get the "issued after ``u_j``"
-    bound (2^n constraints each)."""
+    bound (2^n constraints each); ``set_levels``: at how many head levels per cut the FIFO sum
+    also takes the set's cheapest buckets (:func:`.cut_prices.set_chords`; a min of lines each)."""
 
     time_limit_s: float = 60.0
     workers: int = 1
@@ -72,6 +79,7 @@ class CutsConfig:
     deterministic: bool = True
     least: bool = False
     max_subset: int = 6
+    set_levels: int = 8
 
     def __post_init__(self) -> None:
         if not self.time_limit_s > 0:
@@ -80,6 +88,8 @@ class CutsConfig:
             raise ValueError(f"CutsConfig.workers must be an integer >= 1, got {self.workers!r}")
         if not isinstance(self.max_subset, int) or not 0 <= self.max_subset <= 12:
             raise ValueError(f"CutsConfig.max_subset must be an integer in [0, 12], got {self.max_subset!r}")
+        if not isinstance(self.set_levels, int) or self.set_levels < 0:
+            raise ValueError(f"CutsConfig.set_levels must be an integer >= 0, got {self.set_levels!r}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,7 @@ class _CutsModel:
         self.n = len(problem.ops)
         self.w = _weights(problem)
         self._tails: dict[tuple[int, int], int] = {}
+        self._ahead: dict[tuple[int, str], object] = {}
         self.m = cp_model.CpModel()
         self._variables()
         self._closure()
@@ -222,9 +233,16 @@ class _CutsModel:
         for (group, kind), (fn, _) in fns.items():
             self.lb_of.setdefault(group, {})[kind] = fn
         # per collective: comm time every bucketing within the budget pays for its bytes
-        rate = _byte_prices(p, self.budget, by, {key: s for key, (_, s) in fns.items()})
+        rate = byte_prices(p, self.budget, by, {key: s for key, (_, s) in fns.items()})
         self.per_byte = {index[c.name]: math.floor(rate[c.name] * c.collective.size_bytes)  # type: ignore[union-attr]
                          for c in p.collectives}
+        self.key_of = {index[c.name]: key for key, members in by.items() for c in members}
+        self.per_byte_at: list[dict[int, int]] = []  # the prices of what runs before each cut
+        for u in self.cuts:
+            rate_k = cut_byte_prices(p, self.budget, by, {key: s for key, (_, s) in fns.items()}, u)
+            self.per_byte_at.append({i: max(v, math.floor(rate_k.get(p.ops[i].name, 0.0) * p.ops[i].collective.size_bytes))  # type: ignore[union-attr]
+                                     for i, v in self.per_byte.items()})
+        self.chords = {key: set_chords(p, key, members) for key, members in by.items()}
         partners = bucket_partners(p)
         costs = p.bucket_costs
         # A bucket (two members or more) copies in at its issue and, for gathers, out at its wait:
@@ -243,8 +261,12 @@ class _CutsModel:
                 if info.kind.bucket_copies_out:  # type: ignore[union-attr]
                     out_ns = half + math.ceil(2 * info.bytes_out / bw)  # type: ignore[union-attr]
                     self.allow.append((index[wait_of[c.name]], out_ns, partners[i]))
-        self.clock = [self.t[k] + sum(a * self._paid(k, i, mates) for i, a, mates in self.allow)
-                      for k in range(len(self.cuts))]
+        self.paid = [{i: self._paid(k, i, mates) for i, _, mates in self.allow} for k in range(len(self.cuts))]
+        self.clock = [self.t[k] + sum(a * self.paid[k][i] for i, a, _ in self.allow) for k in range(len(self.cuts))]
+        self.own_copies = {}  # per bucketable collective: its copy-in and copy-out allowances, (op, ns) each
+        for i, a, _ in self.allow:
+            c = i if p.ops[i].kind is OpKind.COLLECTIVE else index[p.ops[i].waits_on]  # type: ignore[index]
+            self.own_copies.setdefault(c, []).append((i, a))
 
     def _paid(self, k: int, i: int, mates: list[int]):
         """0, 1 or a literal: op ``i`` runs before cut k and so does one of ``mates`` (issued with it)."""
@@ -260,6 +282,46 @@ class _CutsModel:
         if not any(isinstance(o, int) for o in others):
             self.m.AddBoolOr([z.Not(), *others])
         return z
+
+    def _set_comm(self, items: Sequence[tuple[int, object]], whole: bool, k: int):
+        """At most the comm time of the collectives of ``items`` (``(index, 0/1 or literal)``, one
+        group) that ended before cut ``k`` or were issued before it, where the literal holds: per
+        kind, the larger of their byte prices there and, where ``whole``
+        (every bucket that holds one of them runs within the time counted), the chords of the
+        cheapest buckets of their bytes (:func:`.cut_prices.set_chords`)."""
+        price = self.per_byte_at[k]
+        by_key: dict[tuple, list[tuple[int, object]]] = {}
+        for i, d in items:
+            if not (isinstance(d, int) and d == 0):
+                by_key.setdefault(self.key_of[i], []).append((i, d))
+        out = []
+        for key, its in by_key.items():
+            lin = self.zero + sum(price[i] * d for i, d in its)
+            chords = self.chords.get(key) if whole else None
+            if not chords:
+                out.append(lin)
+                continue
+            size = {i: self.p.ops[i].collective.size_bytes for i, _ in its}  # type: ignore[union-attr]
+            lines = [(math.floor(a), [math.floor(b * size[i]) for i, _ in its]) for a, b in chords]
+            if all(isinstance(d, int) for _, d in its):  # all 1: a constant
+                out.append(max(sum(price[i] for i, _ in its), min(a + sum(cs) for a, cs in lines)))
+                continue
+            ub = max(max(a + sum(cs) for a, cs in lines), sum(price[i] for i, _ in its))
+            m = self.m.NewIntVar(0, ub, "")
+            self.m.AddMinEquality(m, [self.zero + a + sum(c * d for c, (_, d) in zip(cs, its)) for a, cs in lines])
+            y = self.m.NewIntVar(0, ub, "")
+            self.m.Add(y >= lin)
+            held = [d for _, d in its if not isinstance(d, int)]
+            if len(held) < len(its):  # one holds for sure
+                self.m.Add(y >= m)
+            else:  # the lines cost a launch at 0 bytes: only where one holds
+                some = self.m.NewBoolVar("")
+                self.m.AddBoolOr([some.Not(), *held])
+                for d in held:
+                    self.m.AddImplication(d, some)
+                self.m.Add(y >= m).OnlyEnforceIf(some)
+            out.append(y)
+        return self.zero + sum(out)
 
     def _comm(self, cols: Sequence[int]) -> int:
         """Least comm time of ``cols`` (one group) in any buckets, rounded down."""
@@ -304,6 +366,10 @@ class _CutsModel:
         for k, groups in enumerate(needed):
             for g, cols in groups.items():
                 self.m.Add(self.clock[k] >= self._need(cols, k))
+                for c in cols:  # its own bucket's copy-in runs before it starts, the copy-out after it ends
+                    own = [a * self.paid[k][i] for i, a in self.own_copies.get(c, ())]
+                    if own:
+                        self.m.Add(self.clock[k] - sum(own) >= self._need([c], k))
                 for j in range(len(self.cuts)):
                     if j == k or (isinstance(self.first[j][k], int) and self.first[j][k] == 0):
                         continue
@@ -349,7 +415,7 @@ class _CutsModel:
 
         Ended by cut k's clock: what it needs and what was waited before it; those with heads of
         ``h`` or more take at least their bytes' comm time after ``h``, at the prices of
-        :func:`_byte_prices` (linear in the literals). A collective that cut k needs but that was
+        :func:`.cut_prices.cut_byte_prices` (linear in the literals) or set chords. A collective that cut k needs but that was
         issued after ``u_j`` ends after everything issued before ``u_j`` in its group (FIFO)."""
         p, index = self.p, self.p.index
         wait_of = p.wait_of
@@ -362,28 +428,30 @@ class _CutsModel:
                 need = set(groups.get(g, ()))
                 done = {i: 1 if i in need else x[index[wait_of[p.ops[i].name]]] for i in cols}
                 done = {i: d for i, d in done.items() if not (isinstance(d, int) and d == 0) and self.per_byte[i]}
-                for h in sorted({self.head[i] for i in done}):
-                    terms = [self.per_byte[i] * d for i, d in done.items() if self.head[i] >= h]
+                levels = sorted({self.head[i] for i in done})
+                step = max(1, -(-len(levels) // self.config.set_levels)) if self.config.set_levels else len(levels) + 1
+                whole = set(levels[::step][:self.config.set_levels])  # the lowest first: the largest set
+                for h in levels:
+                    terms = self._set_comm([(i, d) for i, d in done.items() if self.head[i] >= h], h in whole, k)
                     if any(self.head[i] == h for i in need):
-                        self.m.Add(self.clock[k] >= h + sum(terms))
+                        self.m.Add(self.clock[k] >= h + terms)
                         continue
                     at_h = self.m.NewBoolVar("")  # something with head h ended: only then does h count
                     for i, d in done.items():
                         if self.head[i] == h:
                             self.m.AddImplication(d, at_h)
-                    self.m.Add(self.clock[k] >= h + sum(terms)).OnlyEnforceIf(at_h)
+                    self.m.Add(self.clock[k] >= h + terms).OnlyEnforceIf(at_h)
                 for j in range(len(self.cuts)):
                     if j == k or (isinstance(self.first[j][k], int) and self.first[j][k] == 0):
                         continue
-                    xj = self.x[j]
-                    ahead = [self.per_byte[i] * xj[i] for i in cols
-                             if self.per_byte[i] and not (isinstance(xj[i], int) and xj[i] == 0)]
+                    if (j, g) not in self._ahead:  # issued before u_j: whole buckets, all run before what follows
+                        self._ahead[j, g] = self._set_comm([(i, self.x[j][i]) for i in cols], True, j)
                     for c in need:
-                        lit = xj[c]
+                        lit = self.x[j][c]
                         if isinstance(lit, int) and lit == 1:
                             continue  # issued before u_j: nothing follows from it
-                        self._if_first(self.m.Add(self.clock[k] >= self._comm([c]) + self._tail(c, k) + sum(ahead)), j, k,
-                                       [] if isinstance(lit, int) else [lit.Not()])
+                        self._if_first(self.m.Add(self.clock[k] >= self._comm([c]) + self._tail(c, k) + self._ahead[j, g]),
+                                       j, k, [] if isinstance(lit, int) else [lit.Not()])
 
     def _memory(self) -> None:
         """Memory at each cut (see :func:`memory_terms`) within the budget."""
@@ -439,33 +507,6 @@ class _CutsModel:
             for expr in self.mem:
                 self.m.Add(expr <= self.peak)
             self.m.Minimize(self.peak)
-
-
-def _byte_prices(problem: ScheduleProblem, budget_bytes: int, by: dict[tuple, list[Op]],
-                 slopes: dict[tuple, float]) -> dict[str, float]:
-    """Per collective: a cost per byte of its own that it pays in every bucketing of every schedule
-    within ``budget_bytes``, so that a set's comm time is at least the sum of its members' prices
-    times their bytes (linear, for the FIFO sums). The larger of two valid prices:
-
-    - the slope every bucketing pays (:func:`.bounds._linear_slope`, the curve's asymptote);
-    - :func:`.bounds._budget_prices`, ``g(x)/x`` with ``g`` the concave minorant, at the largest
-      bucket that can hold the collective: within the budget at most ``cap(c)`` bytes
-      (:func:`.memory_cuts.bucket_size_caps`), and never more than the ``T`` bytes of its group
-      and kind in all. ``g(x)/x`` does not grow with ``x`` (``g`` concave, ``g(0) >= 0``), so the
-      smaller bound gives the higher price.
-
-    Each member may take its own price: a bucket of ``S`` bytes (``S <= T`` and ``S <= cap(m)``
-    for each member ``m``) costs at least ``max(g(S), h(S)) >= S * max(slope, g(S)/S)``, and
-    ``g(S)/S`` is at least every member's budget price, so the bucket pays the sum of its members'
-    prices times their bytes. A lone collective costs its runtime, at least ``g`` of its size.
-    """
-    caps = bucket_size_caps(problem, budget_bytes)
-    bounded: dict[str, float] = {}
-    for members in by.values():
-        total = float(sum(c.collective.size_bytes for c in members))  # type: ignore[union-attr]
-        bounded.update((c.name, min(caps.get(c.name, math.inf), total)) for c in members)
-    prices = _budget_prices(problem, bounded)
-    return {c.name: max(slopes[key], prices.get(c.name, 0.0)) for key, members in by.items() for c in members}
 
 
 def _check_cuts(problem: ScheduleProblem, cuts: Sequence[str]) -> list[int]:
@@ -525,34 +566,3 @@ def stall_free_cuts(problem: ScheduleProblem, cuts: Sequence[str], budget_bytes:
     return CutsResult(**base, sets=sets, memory_bytes=tuple(int(solver.Value(e)) for e in model.mem),
                       clocks_ns=tuple(int(solver.Value(t)) for t in model.t),
                       lower_bound_bytes=bound)
-
-
-def memory_chain(problem: ScheduleProblem, src: str, dst: str, min_bytes: int) -> list[str]:
-    """Cuts along the dependency path from ``src`` to ``dst`` that allocates the most: ``src``,
-    the ops on it allocating more than ``min_bytes`` (where a memory peak can be), ``dst``."""
-    index = problem.index
-    for name in (src, dst):
-        if name not in index:
-            raise ProblemError(f"cut {name!r}: no such op")
-    a, b = index[src], index[dst]
-    if not problem.ancestors[b] >> a & 1:
-        raise ProblemError(f"cut {dst!r}: does not depend on {src!r}")
-    sizes = problem.storage_by_name
-
-    def alloc(i: int) -> int:
-        return sum(sizes[s].size_bytes for s in problem.ops[i].allocates)
-
-    between = [i for i in range(a + 1, b) if problem.descendants[a] >> i & 1 and problem.ancestors[b] >> i & 1]
-    best: dict[int, tuple[int, int | None]] = {a: (0, None)}
-    for i in [*between, b]:  # the problem's order is topological
-        prev = [(best[index[d]][0], index[d]) for d in problem.ops[i].deps if index[d] in best]
-        if prev:
-            v, j = max(prev)
-            best[i] = (v + (alloc(i) if alloc(i) > min_bytes else 0), j)
-    path, i = [], best[b][1]
-    while i is not None and i != a:
-        path.append(i)
-        i = best[i][1]
-    keep = [problem.ops[i].name for i in reversed(path)
-            if alloc(i) > min_bytes and problem.ops[i].kind not in (OpKind.COLLECTIVE, OpKind.WAIT)]
-    return [src, *keep, dst]

@@ -3,6 +3,7 @@ against the simulator's, and its soundness against brute force over every schedu
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -10,9 +11,10 @@ import pytest
 
 from fxsched.solver import ProblemError, Schedule, simulate
 from fxsched.solver.problem import OpKind
-from fxsched.solver.cut_memory import bucket_partners, bucketable, memory_at, memory_terms
+from fxsched.solver.cut_memory import bucket_partners, bucketable, memory_at, memory_chain, memory_terms
 from fxsched.solver.bounds import _comm_lb_fn
-from fxsched.solver.stall_free_cuts import CutsConfig, _byte_prices, memory_chain, stall_free_cuts
+from fxsched.solver.cut_prices import byte_prices, cut_byte_prices, set_chords
+from fxsched.solver.stall_free_cuts import CutsConfig, stall_free_cuts
 
 from tests.solver.oracle import default_budget, enumerate_schedules, valid_bucketings
 from tests.solver.random_dags import random_problem, random_topological_order
@@ -150,8 +152,25 @@ def test_a_copy_counts_only_where_a_bucket_mate_was_issued_before_the_cut() -> N
     assert res.status == "infeasible" and res.proves_stall
 
 
+def test_a_bucket_copy_never_covers_its_own_collective() -> None:
+    """y (10 ns) needs g0 (a gather, 1000 ns alone) and a (930 ns). g0 may share a bucket with g1
+    (130 ns, waited after y). Alone, g0 ends at 1000 ns or later and a at 930: y stalls. In a
+    bucket its copy-in (510 ns) runs before it starts and its copy-out (620 ns) after it ends, so
+    neither covers it: every schedule stalls before y, as brute force confirms. The relaxation
+    proves it (a and g1's copy-in share, 60 ns, make 990); counting g0's own copy allowances
+    (450 + 550 ns) toward its comm, as it did, would not."""
+    p = make_problem([coll("g0", runtime_ns=1000, bytes_in=400, bytes_out=500), wait("w0", "g0"),
+                      coll("g1", runtime_ns=130, bytes_in=10, bytes_out=20),
+                      compute("a", 930), compute("y", 10, deps=["w0", "a"]),
+                      wait("w1", "g1", deps=["y"]), compute("z", 10, deps=["w1", "y"])])
+    assert bucket_partners(p) == {p.index["g0"]: [p.index["g1"]], p.index["g1"]: [p.index["g0"]]}
+    assert _least_at_cuts(p, [["y"]], [10_000]) == {}  # no schedule reaches y without a stall
+    res = stall_free_cuts(p, ["y"], 10_000, FAST)
+    assert res.status == "infeasible" and res.proves_stall
+
+
 def test_byte_prices_are_paid_by_every_bucket_of_a_schedule_within_the_budget() -> None:
-    """The FIFO sums price each collective's bytes (:func:`_byte_prices`). On 30 tiny problems, at
+    """The FIFO sums price each collective's bytes (:func:`.cut_prices.byte_prices`). On 30 tiny problems, at
     the original peak and twice it: for every bucketing that some schedule within the budget uses
     (brute force), each bucket's runtime, and each lone collective's, is at least the sum of its
     members' prices times their bytes. The count keeps it from passing on nothing, and at least
@@ -163,7 +182,7 @@ def test_byte_prices_are_paid_by_every_bucket_of_a_schedule_within_the_budget() 
             by.setdefault((c.collective.group, c.collective.kind), []).append(c)
         slopes = {key: _comm_lb_fn(p, key[0], key[1], members)[1] for key, members in by.items()}
         for budget in (default_budget(p), 2 * default_budget(p)):
-            price = _byte_prices(p, budget, by, slopes)
+            price = byte_prices(p, budget, by, slopes)
             above += any(price[c.name] > slopes[c.collective.group, c.collective.kind] * (1 + 1e-9) for c in p.collectives)
             for buckets in valid_bucketings(p):
                 if not any(simulate(p, s).peak_memory_bytes <= budget for s in enumerate_schedules(p, buckets)):
@@ -175,6 +194,104 @@ def test_byte_prices_are_paid_by_every_bucket_of_a_schedule_within_the_budget() 
                     assert p.bucket_runtime_ns(unit) >= paid * (1 - 1e-9), (p.name, budget, unit)
                     checked += 1
     assert checked >= 200 and above > 0, (checked, above)
+
+
+def test_cut_prices_are_paid_by_every_bucket_issued_before_the_cut() -> None:
+    """What runs before a cut is priced with its bucket bound (:func:`.cut_prices.cut_byte_prices`:
+    only collectives that do not descend from the cut). On 30 tiny problems, at the original peak
+    and twice it, for every schedule within the budget (every bucketing, brute force) and every
+    compute op, each unit issued before it costs at least its members' prices there. The counts
+    keep it from passing on nothing, and some price is above :func:`byte_prices`' (the key's total
+    bytes bound those)."""
+    checked = above = 0
+    for p in tiny_problems(30, seed=5):
+        by: dict[tuple, list] = {}
+        for c in p.collectives:
+            by.setdefault((c.collective.group, c.collective.kind), []).append(c)
+        slopes = {key: _comm_lb_fn(p, key[0], key[1], members)[1] for key, members in by.items()}
+        comp = [i for i, op in enumerate(p.ops) if op.kind is OpKind.COMPUTE]
+        size = {c.name: c.collective.size_bytes for c in p.collectives}
+        for budget in (default_budget(p), 2 * default_budget(p)):
+            base = byte_prices(p, budget, by, slopes)
+            at = {u: cut_byte_prices(p, budget, by, slopes, u) for u in comp}
+            above += any(v > base[n] * (1 + 1e-9) for prices in at.values() for n, v in prices.items())
+            for buckets in valid_bucketings(p):
+                bucketed = {m for b in buckets for m in b}
+                units = [*buckets, *((c.name,) for c in p.collectives if c.name not in bucketed)]
+                for sched in enumerate_schedules(p, buckets):
+                    if simulate(p, sched).peak_memory_bytes > budget:
+                        continue
+                    pos = {n: q for q, n in enumerate(sched.order)}
+                    for u in comp:
+                        for unit in units:
+                            if max(pos[m] for m in unit) < pos[p.ops[u].name]:
+                                paid = sum(at[u][m] * size[m] for m in unit)
+                                assert p.bucket_runtime_ns(unit) >= paid * (1 - 1e-9), (p.name, budget, unit)
+                                checked += 1
+    assert checked >= 1000 and above > 0, (checked, above)
+
+
+def test_set_chords_are_paid_by_every_union_of_whole_buckets() -> None:
+    """The FIFO sums over sets that are unions of whole buckets also take the chords of
+    :func:`.cut_prices.set_chords`. On 30 tiny problems, for every bucketing (brute force) and
+    every union of its units of one group and kind, the units' runtimes add up to at least the
+    chords' minimum at the union's bytes. The counts keep it from passing on nothing, and at
+    least one union's chord bound is above its members' byte prices at twice the original peak
+    (what the sums had before)."""
+    checked = above = 0
+    for p in tiny_problems(30, seed=5):
+        by: dict[tuple, list] = {}
+        for c in p.collectives:
+            by.setdefault((c.collective.group, c.collective.kind), []).append(c)
+        slopes = {key: _comm_lb_fn(p, key[0], key[1], members)[1] for key, members in by.items()}
+        price = byte_prices(p, 2 * default_budget(p), by, slopes)
+        chords = {key: set_chords(p, key, members) for key, members in by.items()}
+        size = {c.name: c.collective.size_bytes for c in p.collectives}
+        for buckets in valid_bucketings(p):
+            bucketed = {m for b in buckets for m in b}
+            units = [*buckets, *((c.name,) for c in p.collectives if c.name not in bucketed)]
+            for key, lines in chords.items():
+                mine = [u for u in units if p.op_by_name[u[0]].collective.group == key[0]
+                        and p.op_by_name[u[0]].collective.kind is key[1]]
+                for r in range(1, len(mine) + 1):
+                    for union in itertools.combinations(mine, r):
+                        total = sum(size[m] for u in union for m in u)
+                        bound = min(a + b * total for a, b in lines)
+                        assert sum(p.bucket_runtime_ns(u) for u in union) >= bound * (1 - 1e-9), (p.name, union)
+                        above += bound > sum(price[m] * size[m] for u in union for m in u) * (1 + 1e-9)
+                        checked += 1
+    assert checked >= 150 and above > 0, (checked, above)
+
+
+def test_set_chords_on_the_linear_curve_are_the_curve() -> None:
+    """On the builders' curve ``100 + size`` with three 100 B gathers (lone runtime 200 ns: the
+    curve), the concave minorant is the curve, so any union of whole buckets of 200 B costs at
+    least 300 ns, one launch fewer than two lone gathers (400 ns); the byte price at a 300 B
+    bucket is 400 / 300 ns a byte, 266.7 ns for the 200 B."""
+    p = make_problem([coll(f"g{i}", runtime_ns=200, bytes_in=20, bytes_out=80) for i in range(3)]
+                     + [wait(f"w{i}", f"g{i}") for i in range(3)])
+    key = ("A", AG)
+    lines = set_chords(p, key, list(p.collectives))
+    assert min(a + b * 200 for a, b in lines) == pytest.approx(300)
+    assert min(a + b * 300 for a, b in lines) == pytest.approx(400)
+    assert min(a + b * 100 for a, b in lines) == pytest.approx(200)
+    slopes = {key: _comm_lb_fn(p, "A", AG, list(p.collectives))[1]}
+    price = byte_prices(p, 10**9, {key: list(p.collectives)}, slopes)
+    assert price["g0"] * 200 == pytest.approx(800 / 3)
+
+
+def test_an_empty_set_costs_no_launch() -> None:
+    """The chords cost a launch at 0 bytes, so they count only where a member holds. y (after a,
+    10 ns, and x, 250 ns) needs g (200 ns), which reads a's output; r, a reduce-scatter nobody
+    needs, may go anywhere. Issued after a, g ends at 210 ns, before y at 260: stall-free, as
+    brute force confirms. With r not issued before a, the FIFO sum behind g is 0; a launch for r's
+    empty kind (100 ns) would ask 300 ns of y and rule out what runs."""
+    p = make_problem([compute("a", 10), compute("x", 250),
+                      coll("g", runtime_ns=200, bytes_in=20, bytes_out=80, deps=["a"]), wait("w", "g"),
+                      coll("r", kind=RS, runtime_ns=200, bytes_in=80, bytes_out=20), wait("wr", "r"),
+                      compute("y", 10, deps=["w", "a", "x"])])
+    assert (0, 0) in _least_at_cuts(p, [["a", "y"]], [10_000])
+    assert stall_free_cuts(p, ["a", "y"], 10_000, FAST).status in ("feasible", "optimal")
 
 
 def _cut_sets(p) -> list[list[str]]:
