@@ -64,7 +64,8 @@ def cut_byte_prices(problem: ScheduleProblem, budget_bytes: int, by: dict[tuple,
     return byte_prices(problem, budget_bytes, {key: m for key, m in before.items() if m}, slopes)
 
 
-def set_chords(problem: ScheduleProblem, key: tuple, members: list[Op], ratio: float = 2.0) -> list[tuple[float, float]]:
+def set_chords(problem: ScheduleProblem, key: tuple, members: list[Op],
+               ratio: float = 2.0) -> list[tuple[float, float]]:
     """Lines ``(a, b)`` (ns, ns per byte) with ``min(a + b B) <= `` the least comm time of any
     buckets of ``members`` holding ``B`` bytes in all, for ``0 < B <= T`` (their total); empty
     where the kind has no concave minorant.

@@ -240,8 +240,9 @@ class _CutsModel:
         self.per_byte_at: list[dict[int, int]] = []  # the prices of what runs before each cut
         for u in self.cuts:
             rate_k = cut_byte_prices(p, self.budget, by, {key: s for key, (_, s) in fns.items()}, u)
-            self.per_byte_at.append({i: max(v, math.floor(rate_k.get(p.ops[i].name, 0.0) * p.ops[i].collective.size_bytes))  # type: ignore[union-attr]
-                                     for i, v in self.per_byte.items()})
+            self.per_byte_at.append({
+                i: max(v, math.floor(rate_k.get(p.ops[i].name, 0.0) * p.ops[i].collective.size_bytes))  # type: ignore[union-attr]
+                for i, v in self.per_byte.items()})
         self.chords = {key: set_chords(p, key, members) for key, members in by.items()}
         partners = bucket_partners(p)
         costs = p.bucket_costs
@@ -415,8 +416,9 @@ class _CutsModel:
 
         Ended by cut k's clock: what it needs and what was waited before it; those with heads of
         ``h`` or more take at least their bytes' comm time after ``h``, at the prices of
-        :func:`.cut_prices.cut_byte_prices` (linear in the literals) or set chords. A collective that cut k needs but that was
-        issued after ``u_j`` ends after everything issued before ``u_j`` in its group (FIFO)."""
+        :func:`.cut_prices.cut_byte_prices` (linear in the literals) or the set's chords. A
+        collective that cut k needs but that was issued after ``u_j`` ends after everything issued
+        before ``u_j`` in its group (FIFO)."""
         p, index = self.p, self.p.index
         wait_of = p.wait_of
         by_group: dict[str, list[int]] = {}
@@ -450,8 +452,8 @@ class _CutsModel:
                         lit = self.x[j][c]
                         if isinstance(lit, int) and lit == 1:
                             continue  # issued before u_j: nothing follows from it
-                        self._if_first(self.m.Add(self.clock[k] >= self._comm([c]) + self._tail(c, k) + self._ahead[j, g]),
-                                       j, k, [] if isinstance(lit, int) else [lit.Not()])
+                        ct = self.m.Add(self.clock[k] >= self._comm([c]) + self._tail(c, k) + self._ahead[j, g])
+                        self._if_first(ct, j, k, [] if isinstance(lit, int) else [lit.Not()])
 
     def _memory(self) -> None:
         """Memory at each cut (see :func:`memory_terms`) within the budget."""
