@@ -26,7 +26,8 @@ candidates, the memory budget) and ``makespan_lower_bound`` with the solve's mem
 (valid for every schedule within it); other rows, which may exceed the budget (Inductor's
 default allows +5%), show ``makespan_lower_bound`` without a budget (valid for every schedule).
 
-With ``--offline-budget S``, a part whose summary row fails the 99% hidden target gets one more
+With ``--offline-budget S``, a part whose summary row fails the 99% hidden target (or hides fewer
+than a stall proof kept in benchmarks/certificates/ allows) gets one more
 row: the offline recipe (:func:`.spine_rounds.offline`), a longer free-order solve and more spine
 rounds, as the offline solve step would run it; the summary gives its verdicts after the online row's.
 
@@ -55,6 +56,7 @@ from ..solver.problem import ScheduleProblem
 from ..solver.schedule import Schedule
 from ..solver.simulator import SimResult, simulate
 from .sections import emit, replace_section, source_revision
+from .stall_proof import certified_stalls
 from .spine_rounds import (OFFLINE_CAP, OFFLINE_HIDE_SLACK, OFFLINE_RADIUS, OFFLINE_ROUND_S, OFFLINE_ROUNDS,
                            OFFLINE_SOLVE_S, OFFLINE_SPINE_SHARE, offline)
 from .inductor_adapter import (
@@ -118,6 +120,8 @@ class PartReport:
     forced_exposed: int = 0  # collectives exposed in every schedule (bounds.forced_exposed)
     budget_bytes: int | None = None  # the solves' memory budget (the per-collective table's "memory budget")
     tail_exposed: bool = False  # a collective is exposed after all compute in every schedule (bounds.exposed_after_compute)
+    stall_exposed: int = 0  # units exposed in every schedule within the budget, by a kept stall proof
+    stall_proof: str = ""  # which (stall_proof.certified_stalls)
 
     def best(self, prefix: str) -> Row | None:
         """The row with the least exposed time among rows whose label starts with ``prefix``."""
@@ -162,14 +166,23 @@ class PartReport:
         ratio = (f" = {off.result.exposed_ns / ind_row.result.exposed_ns:.2f}x Inductor's"
                  if ind_row is not None and ind_row.result.exposed_ns else "")
         base = self.rows[0].result.peak_memory_bytes or 1
-        return (f"; **{off.scheduler}** (the offline solve, where the {self.fxsched_row().scheduler} row "  # type: ignore[union-attr]
-                f"fails the hidden target): exposed {off.result.exposed_ns / 1e3:,.1f} us{ratio}, makespan "
+        fx_row = self.fxsched_row()
+        why = ("fails the hidden target" if fx_row is None or self.hidden_verdict(fx_row) == "FAILS"
+               else "hides fewer than the stall proof allows")
+        return (f"; **{off.scheduler}** (the offline solve, where the {fx_row.scheduler if fx_row else 'CP-SAT'} row "
+                f"{why}): exposed {off.result.exposed_ns / 1e3:,.1f} us{ratio}, makespan "
                 f"{off.result.makespan_ns / 1e3:,.1f} us, peak vs original {off.result.peak_memory_bytes / base:.3f}, "
                 f"{self.hidden_target(off)}")
 
     def offline_row(self) -> Row | None:
         """The offline solve's row (``--offline-budget``), if it ran."""
         return next((r for r in self.rows if r.scheduler.startswith(OFFLINE)), None)
+
+    def short_of_proof(self, row: Row) -> bool:
+        """Whether a kept stall proof waives the hidden target and ``row`` hides fewer of the graph's
+        collectives than the proof leaves room for (the offline row then runs as where it fails)."""
+        most = self.rows[0].result.n_hideable
+        return bool(self.stall_exposed) and row.result.n_hidden_hideable_members < most - self.stall_exposed
 
     def hidden_target(self, row: Row) -> str:
         """The "99% of hideable collectives hidden wherever the bound allows" check for ``row``:
@@ -192,7 +205,8 @@ class PartReport:
         hides 27. The units' share (Inductor's sense, where a bucket is one collective) is shown but
         not required: where one collective is exposed in every schedule, an answer of U units hides
         at most (U - 1) / U of them, under 99% whenever U < 100, however few of the graph's
-        collectives it leaves exposed (the 4-node backward's offline answer has 10 units).
+        collectives it leaves exposed (the 4-node backward's offline answer has 10 units). A kept
+        stall proof (:func:`.stall_proof.certified_stalls`) waives it too, within the memory budget.
         """
         hid, able = row.result.n_hidden_hideable, row.result.n_hideable
         if able == 0:
@@ -208,6 +222,10 @@ class PartReport:
         if proven == 0 and self.global_bound_ns > base.compute_ns and base.n_hideable == base.n_collectives:
             proven = 1
         most = base.n_hideable
+        if self.stall_exposed > proven and most - self.stall_exposed < HIDDEN_TARGET * most:
+            return (f"{text}; 99% target not applicable ({self.stall_proof} proves {self.stall_exposed} of the "
+                    f"{most} hideable collectives exposed in every schedule within the memory budget)",
+                    "not applicable")
         if most - proven < HIDDEN_TARGET * most:
             return (f"{text}; 99% target not applicable (the bounds prove {proven} of the {most} hideable "
                     f"collectives exposed in every schedule)", "not applicable")
@@ -240,7 +258,8 @@ def compare_part(
     offline_round_s: float = OFFLINE_ROUND_S,
 ) -> PartReport:
     """Every row for one extracted graph part (see module docstring). With ``offline_s`` (> 0),
-    where the summary's CP-SAT row fails the hidden target, one more row: the offline recipe
+    where the summary's CP-SAT row fails the hidden target (or hides fewer than a kept stall proof
+    allows), one more row: the offline recipe
     (:func:`.spine_rounds.offline`: a free-order solve of ``offline_s`` then ``offline_rounds``
     spine rounds of ``offline_round_s``), as an offline solve whose cached schedule a later
     compile applies would run it."""
@@ -280,10 +299,14 @@ def compare_part(
         rows.append(Row(f"cpsat {mode} {budget:g}s", simulate(problem, r.schedule), wall,
                         f"simulated ({r.status.value}, {r.method})", max(r.lower_bound, global_bound),
                         schedule=r.schedule))
+    stall_units, stall_text = certified_stalls(problem, budget_bytes)
+    if stall_text:
+        notes.append(f"{stall_text[0].upper()}{stall_text[1:]}: {stall_units} unit(s) exposed in every schedule "
+                     "within the memory budget.")
     report = PartReport(problem, rows, global_bound, notes, budget_bound, forced_exposed(problem), budget_bytes,
-                        exposed_after_compute(problem))
+                        exposed_after_compute(problem), stall_units, stall_text)
     fx_row = report.fxsched_row()
-    if offline_s > 0 and fx_row is not None and report.hidden_verdict(fx_row) == "FAILS":
+    if offline_s > 0 and fx_row is not None and (report.hidden_verdict(fx_row) == "FAILS" or report.short_of_proof(fx_row)):
         t0 = time.perf_counter()
         sched, lines = offline(problem, offline_s, solve_config, n_rounds=offline_rounds, round_s=offline_round_s)
         wall = time.perf_counter() - t0
@@ -382,7 +405,8 @@ def _budget_text(config: SolveConfig) -> str:
 
 def offline_text(offline_s: float, rounds: int, round_s: float) -> str:
     """What the offline row runs, for the header."""
-    return (f"Where the summary's CP-SAT row fails the 99% hidden target, one more row, `{OFFLINE} free "
+    return (f"Where the summary's CP-SAT row fails the 99% hidden target (or hides fewer than a kept stall "
+            f"proof allows), one more row, `{OFFLINE} free "
             f"{offline_s:g}s+{rounds}x{round_s:g}s`: the offline recipe (`fxsched.benchmarks.spine_rounds.offline`, "
             f"the steps that made benchmarks/certificates/), as an offline solve whose cached schedule a later "
             f"compile applies would run it: `solve` in free order for {offline_s:g} s with spine_share="

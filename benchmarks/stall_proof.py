@@ -17,12 +17,40 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from ..solver import Schedule, simulate
+from ..solver import ProblemError, Schedule, ScheduleProblem, simulate
 from ..solver.bounds import exposed_after_compute
 from ..solver.serialization import load_problem
 from ..solver.cut_memory import memory_chain
 from ..solver.stall_free_cuts import CutsConfig, stall_free_cuts
+
+CERTIFICATES = Path(__file__).resolve().parent / "certificates"
+
+
+def certified_stalls(problem: ScheduleProblem, budget_bytes: int,
+                     directory: Path = CERTIFICATES) -> tuple[int, str]:
+    """Units exposed in every schedule within ``budget_bytes``, by a stall proof kept for this
+    graph part (``<graph>.<part>.stall_proof.json`` in ``directory``: its ``cuts``), checked
+    again here: 2 where the relaxation is infeasible and every compute op feeds a collective,
+    else 0. The text says what was proven, or why nothing was (a file that no longer proves is
+    reported, never trusted); both empty where no proof is kept."""
+    path = directory / (problem.name.replace("/", ".") + ".stall_proof.json")
+    if not path.exists():
+        return 0, ""
+    try:
+        spec = json.loads(path.read_text())
+        cuts = spec["cuts"]
+        if not isinstance(cuts, list) or not all(isinstance(c, str) for c in cuts):
+            raise ValueError("'cuts' must be a list of op names")
+        config = CutsConfig(time_limit_s=float(spec.get("deterministic_s", 30.0)), workers=1, deterministic=True)
+        res = stall_free_cuts(problem, cuts, budget_bytes, config)
+    except (OSError, ValueError, KeyError, ProblemError) as e:
+        return 0, f"stall proof {path.name} unusable: {type(e).__name__}: {e}"
+    where = f"the stall proof at cuts {', '.join(cuts)} ({path.name})"
+    if not res.proves_stall or not exposed_after_compute(problem):
+        return 0, f"{where} proves nothing here: status {res.status}"
+    return 2, where
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=1.0, help="memory budget, a ratio of the original order's peak")
     ap.add_argument("--least", action="store_true", help="minimize the largest memory at the cuts")
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds (deterministic time with --deterministic)")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=8,
+                    help="CP-SAT workers: 8 runs the portfolio that proves these models, even on 2 cores")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--set-levels", type=int, default=CutsConfig.set_levels,
                     help="head levels per cut whose FIFO sums also take the set's cheapest buckets (0: none)")

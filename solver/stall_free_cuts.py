@@ -529,14 +529,29 @@ def _check_cuts(problem: ScheduleProblem, cuts: Sequence[str]) -> list[int]:
 
 
 def stall_free_cuts(problem: ScheduleProblem, cuts: Sequence[str], budget_bytes: int,
-                    config: CutsConfig = CutsConfig()) -> CutsResult:
+                    config: CutsConfig = CutsConfig(), given: Sequence[Sequence[str]] | None = None) -> CutsResult:
     """Whether an order whose compute stream never stalls until it has run every cut can keep the memory at
-    every cut within ``budget_bytes`` (the module doc's relaxation; ``infeasible`` proves not)."""
+    every cut within ``budget_bytes`` (the module doc's relaxation; ``infeasible`` proves not). ``given``:
+    per cut, the ops before it (a real order's, say), fixed; then ``infeasible`` says the model rules out
+    those sets, which for a stall-free order within the budget would be a bug."""
     if budget_bytes <= 0:
         raise ProblemError(f"stall_free_cuts: budget_bytes must be > 0, got {budget_bytes!r}")
     idx = _check_cuts(problem, cuts)
+    if given is not None and len(given) != len(idx):
+        raise ProblemError(f"stall_free_cuts: {len(given)} given sets for {len(idx)} cuts")
     t0 = time.perf_counter()
     model = _CutsModel(problem, idx, budget_bytes, config)
+    for k, names in enumerate(given or ()):
+        unknown = set(names) - set(problem.index)
+        if unknown:
+            raise ProblemError(f"stall_free_cuts: given set {k}: no such op {sorted(unknown)[0]!r}")
+        before = {problem.index[n] for n in names}
+        for i, lit in enumerate(model.x[k]):
+            if isinstance(lit, int):
+                if lit != (i in before):
+                    return CutsResult("infeasible", tuple(cuts), budget_bytes, time.perf_counter() - t0)
+            else:
+                model.m.Add(lit == int(i in before))
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.num_workers = config.workers

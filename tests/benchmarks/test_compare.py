@@ -385,6 +385,32 @@ def test_the_summary_gives_the_offline_rows_verdict_after_the_online_ones() -> N
                        "Inductor's sense, not fully exposed: 2/2, 100.0%); 99% target HOLDS.")
 
 
+def test_a_kept_stall_proof_waives_the_target_and_the_offline_row_still_runs_where_short_of_it() -> None:
+    """The problem above, with a kept stall proof of 1 unit exposed (as ``certified_stalls`` would
+    give; the proof itself is tested in test_certificates): 2 - 1 < 99% of 2, so every row's target
+    is waived, naming the proof. The CP-SAT row hides 0, fewer than the 1 the proof leaves room
+    for, so it is short of it (the compare runs the offline row), and the offline clause says so;
+    the offline row hides 2 and is not short."""
+    from fxsched.heuristics import overlap_schedule
+    from fxsched.solver.bounds import makespan_lower_bound
+
+    from tests.solver.solver_builders import coll, compute, make_problem, wait
+
+    p = make_problem([coll("c1", runtime_ns=100), wait("w1", "c1"), coll("c2", runtime_ns=100), wait("w2", "c2"),
+                      compute("x", 200, heavy=True), compute("y", 200, deps=["x"], heavy=True)])
+    orig, hidden = simulate(p), simulate(p, overlap_schedule(p))
+    rows = [compare.Row("original order", orig, 0.0), compare.Row("inductor", orig, 0.0),
+            compare.Row("cpsat free 60s", orig, 0.0), compare.Row("offline free 240s+3x60s", hidden, 0.0)]
+    r = compare.PartReport(p, rows, makespan_lower_bound(p).makespan_ns, [], stall_exposed=1,
+                           stall_proof="the stall proof at cuts y (p.stall_proof.json)")
+    assert r.hidden_verdict(rows[2]) == r.hidden_verdict(rows[3]) == "not applicable"
+    assert r.short_of_proof(rows[2]) and not r.short_of_proof(rows[3])
+    assert r.hidden_target(rows[2]).endswith(
+        "99% target not applicable (the stall proof at cuts y (p.stall_proof.json) proves 1 of the 2 hideable "
+        "collectives exposed in every schedule within the memory budget)")
+    assert "(the offline solve, where the cpsat free 60s row hides fewer than the stall proof allows)" in r.summary()
+
+
 def test_hidden_target_says_what_hiding_all_but_one_takes_where_all_compute_feeds_collectives() -> None:
     """Hand-derived. a (100) feeds c1 (300 ns); a and x (500) feed b (100), which feeds c2 (300 ns):
     every compute op feeds a collective (bounds.exposed_after_compute). c1 is hideable (x is

@@ -65,6 +65,13 @@ def test_bad_cuts_are_named() -> None:
         stall_free_cuts(p, [], 1000)
     with pytest.raises(ValueError, match="CutsConfig.workers"):
         CutsConfig(workers=0)
+    with pytest.raises(ProblemError, match="1 given sets for 2 cuts"):
+        stall_free_cuts(p, ["b", "y"], 1000, given=[["a"]])
+    with pytest.raises(ProblemError, match="given set 0: no such op 'zz'"):
+        stall_free_cuts(p, ["b", "y"], 1000, given=[["a", "zz"], ["a"]])
+    # the first test's sets at 1601 B are taken; without g before b (a gather issued late) they are not
+    assert stall_free_cuts(p, ["b", "y"], 1601, FAST, given=[["a", "g"], ["a", "b", "g", "wg"]]).status == "optimal"
+    assert stall_free_cuts(p, ["b", "y"], 1601, FAST, given=[["a"], ["a", "b", "g", "wg"]]).status == "infeasible"
 
 
 def test_memory_chain_follows_the_path_that_allocates_most() -> None:
@@ -169,6 +176,20 @@ def test_a_bucket_copy_never_covers_its_own_collective() -> None:
     assert res.status == "infeasible" and res.proves_stall
 
 
+def _keys_and_slopes(p) -> tuple[dict[tuple, list], dict[tuple, float]]:
+    """The collectives per (group, kind), and each key's slope (what the model passes the prices)."""
+    by: dict[tuple, list] = {}
+    for c in p.collectives:
+        by.setdefault((c.collective.group, c.collective.kind), []).append(c)
+    return by, {key: _comm_lb_fn(p, key[0], key[1], members)[1] for key, members in by.items()}
+
+
+def _units(p, buckets) -> list[tuple[str, ...]]:
+    """A bucketing's units: its buckets and every other collective alone."""
+    bucketed = {m for b in buckets for m in b}
+    return [*buckets, *((c.name,) for c in p.collectives if c.name not in bucketed)]
+
+
 def test_byte_prices_are_paid_by_every_bucket_of_a_schedule_within_the_budget() -> None:
     """The FIFO sums price each collective's bytes (:func:`.cut_prices.byte_prices`). On 30 tiny problems, at
     the original peak and twice it: for every bucketing that some schedule within the budget uses
@@ -177,18 +198,14 @@ def test_byte_prices_are_paid_by_every_bucket_of_a_schedule_within_the_budget() 
     one price is above the curve's asymptotic slope (the bound the sums used before)."""
     checked = above = 0
     for p in tiny_problems(30, seed=5):
-        by: dict[tuple, list] = {}
-        for c in p.collectives:
-            by.setdefault((c.collective.group, c.collective.kind), []).append(c)
-        slopes = {key: _comm_lb_fn(p, key[0], key[1], members)[1] for key, members in by.items()}
+        by, slopes = _keys_and_slopes(p)
         for budget in (default_budget(p), 2 * default_budget(p)):
             price = byte_prices(p, budget, by, slopes)
             above += any(price[c.name] > slopes[c.collective.group, c.collective.kind] * (1 + 1e-9) for c in p.collectives)
             for buckets in valid_bucketings(p):
                 if not any(simulate(p, s).peak_memory_bytes <= budget for s in enumerate_schedules(p, buckets)):
                     continue
-                bucketed = {m for b in buckets for m in b}
-                units = [*buckets, *((c.name,) for c in p.collectives if c.name not in bucketed)]
+                units = _units(p, buckets)
                 for unit in units:
                     paid = sum(price[m] * p.op_by_name[m].collective.size_bytes for m in unit)
                     assert p.bucket_runtime_ns(unit) >= paid * (1 - 1e-9), (p.name, budget, unit)
@@ -205,10 +222,7 @@ def test_cut_prices_are_paid_by_every_bucket_issued_before_the_cut() -> None:
     bytes bound those)."""
     checked = above = 0
     for p in tiny_problems(30, seed=5):
-        by: dict[tuple, list] = {}
-        for c in p.collectives:
-            by.setdefault((c.collective.group, c.collective.kind), []).append(c)
-        slopes = {key: _comm_lb_fn(p, key[0], key[1], members)[1] for key, members in by.items()}
+        by, slopes = _keys_and_slopes(p)
         comp = [i for i, op in enumerate(p.ops) if op.kind is OpKind.COMPUTE]
         size = {c.name: c.collective.size_bytes for c in p.collectives}
         for budget in (default_budget(p), 2 * default_budget(p)):
@@ -216,8 +230,7 @@ def test_cut_prices_are_paid_by_every_bucket_issued_before_the_cut() -> None:
             at = {u: cut_byte_prices(p, budget, by, slopes, u) for u in comp}
             above += any(v > base[n] * (1 + 1e-9) for prices in at.values() for n, v in prices.items())
             for buckets in valid_bucketings(p):
-                bucketed = {m for b in buckets for m in b}
-                units = [*buckets, *((c.name,) for c in p.collectives if c.name not in bucketed)]
+                units = _units(p, buckets)
                 for sched in enumerate_schedules(p, buckets):
                     if simulate(p, sched).peak_memory_bytes > budget:
                         continue
@@ -240,16 +253,12 @@ def test_set_chords_are_paid_by_every_union_of_whole_buckets() -> None:
     (what the sums had before)."""
     checked = above = 0
     for p in tiny_problems(30, seed=5):
-        by: dict[tuple, list] = {}
-        for c in p.collectives:
-            by.setdefault((c.collective.group, c.collective.kind), []).append(c)
-        slopes = {key: _comm_lb_fn(p, key[0], key[1], members)[1] for key, members in by.items()}
+        by, slopes = _keys_and_slopes(p)
         price = byte_prices(p, 2 * default_budget(p), by, slopes)
         chords = {key: set_chords(p, key, members) for key, members in by.items()}
         size = {c.name: c.collective.size_bytes for c in p.collectives}
         for buckets in valid_bucketings(p):
-            bucketed = {m for b in buckets for m in b}
-            units = [*buckets, *((c.name,) for c in p.collectives if c.name not in bucketed)]
+            units = _units(p, buckets)
             for key, lines in chords.items():
                 mine = [u for u in units if p.op_by_name[u[0]].collective.group == key[0]
                         and p.op_by_name[u[0]].collective.kind is key[1]]
