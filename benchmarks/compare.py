@@ -300,13 +300,14 @@ def compare_part(
                         f"simulated ({r.status.value}, {r.method})", max(r.lower_bound, global_bound),
                         schedule=r.schedule))
     stall_units, stall_text = certified_stalls(problem, budget_bytes)
-    if stall_text:
-        notes.append(f"{stall_text[0].upper()}{stall_text[1:]}: {stall_units} unit(s) exposed in every schedule "
-                     "within the memory budget.")
+    if stall_text:  # what a kept proof proves, or why it proves nothing
+        proven = f": {stall_units} units exposed in every schedule within the memory budget" if stall_units else ""
+        notes.append(f"{stall_text[0].upper()}{stall_text[1:]}{proven}.")
     report = PartReport(problem, rows, global_bound, notes, budget_bound, forced_exposed(problem), budget_bytes,
                         exposed_after_compute(problem), stall_units, stall_text)
     fx_row = report.fxsched_row()
-    if offline_s > 0 and fx_row is not None and (report.hidden_verdict(fx_row) == "FAILS" or report.short_of_proof(fx_row)):
+    short = fx_row is not None and (report.hidden_verdict(fx_row) == "FAILS" or report.short_of_proof(fx_row))
+    if offline_s > 0 and short:
         t0 = time.perf_counter()
         sched, lines = offline(problem, offline_s, solve_config, n_rounds=offline_rounds, round_s=offline_round_s)
         wall = time.perf_counter() - t0
