@@ -57,8 +57,8 @@ from ..solver.schedule import Schedule
 from ..solver.simulator import SimResult, simulate
 from .sections import emit, replace_section, source_revision
 from .stall_proof import certified_stalls
-from .spine_rounds import (OFFLINE_CAP, OFFLINE_HIDE_SLACK, OFFLINE_RADIUS, OFFLINE_ROUND_S, OFFLINE_ROUNDS,
-                           OFFLINE_SOLVE_S, OFFLINE_SPINE_SHARE, offline)
+from .spine_rounds import (OFFLINE_CAP, OFFLINE_HIDE_SLACK, OFFLINE_MAX_RADIUS, OFFLINE_RADIUS, OFFLINE_ROUND_S,
+                           OFFLINE_ROUNDS, OFFLINE_SOLVE_S, OFFLINE_SPINE_SHARE, offline)
 from .inductor_adapter import (
     VARIANTS,
     InductorReport,
@@ -412,7 +412,8 @@ def offline_text(offline_s: float, rounds: int, round_s: float) -> str:
             f"the steps that made benchmarks/certificates/), as an offline solve whose cached schedule a later "
             f"compile applies would run it: `solve` in free order for {offline_s:g} s with spine_share="
             f"{OFFLINE_SPINE_SHARE:g} and hide_slack={OFFLINE_HIDE_SLACK:g}, then {rounds} rounds of the spine "
-            f"fill of {round_s:g} s each at radius {OFFLINE_RADIUS} (at most {OFFLINE_SOLVE_S:g} s a solve, "
+            f"fill of {round_s:g} s each at radius {OFFLINE_RADIUS} (doubled after a round that gains nothing, up "
+            f"to {OFFLINE_MAX_RADIUS}; at most {OFFLINE_SOLVE_S:g} s a solve, "
             f"the memory cuts kept from solve to solve), each polished and kept when it hides no "
             f"fewer within {OFFLINE_CAP:.0%} of the solve's makespan and the original peak. The summary keeps "
             f"the online row's verdicts and adds the offline row's.")

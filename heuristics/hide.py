@@ -10,7 +10,7 @@ kept only while the makespan stays within ``max_makespan_ns`` (by default the in
 longer) and the peak memory within ``budget_bytes`` (by default the input's: never higher). A
 larger makespan cap trades makespan for hidden collectives on purpose (``SolveConfig.hide_slack``).
 
-Five moves per stalled lone collective or bucket, each valid by construction (in the fixed mode
+Six moves per stalled lone collective or bucket, each valid by construction (in the fixed mode
 no compute op passes another, so the answer stays in the fixed mode's space: only waits, issues
 and the ops a collective's chain carries move relative to the compute):
 
@@ -24,6 +24,8 @@ and the ops a collective's chain carries move relative to the compute):
   moves to just after the issue, with every op between them that depends on it
   (:class:`.reorder.Deferrals`: its cast and its own collective go with it);
 * **sink**: the wait of a lone collective moves later, never past its first user;
+* **jump**: a lone collective that waits in its group's queue behind units issued before it is
+  issued before one of them, with its ancestors between (the FIFO order, not the compute, changes);
 * **merge**: the wait of a later stalled unit that is already issued moves to just before this
   one's wait, which then finds its collective done. Where no compute runs between the two waits
   (two reduce-scatters waited back to back at the end of a backward) the compute stream idles
@@ -63,6 +65,7 @@ from .reorder import Deferrals, named
 log = logging.getLogger(__name__)
 
 SINK_STEPS = (2, 5, 10, 20, 50, 100, 200, 400)  # positions a wait may move later
+JUMP_UNITS = 8  # the units of its queue a jump may pass, the latest issued first (a candidate each)
 
 
 def _spent(evals: int, max_evals: int | None, deadline: float | None) -> bool:
@@ -78,6 +81,8 @@ class _Moves:
         another (fixed mode), else None."""
         self.problem, self.reach, self.compute = problem, reach, compute
         self.stalled = [(c.issue_pos, c.wait_pos) for c in res.collectives if c.exposed_ns > 0]
+        self.queued = [(c.issue_pos, c.group, c.end_ns) for c in res.collectives]  # for _jumps
+        self.sync = np.array([op.kind in (OpKind.WAIT, OpKind.COLLECTIVE) for op in problem.ops], dtype=bool)
         self.defer = Deferrals(problem, sched)
         self.at, self.pos = self.defer.at, self.defer.pos
         self.runtime = sim_tables(problem).runtime  # compute-stream time per op (0 for views, issues, waits)
@@ -90,7 +95,32 @@ class _Moves:
             anc |= p.ancestors[i]
             rel |= p.ancestors[i] | p.descendants[i] | (1 << i)
         return chain(self._merges(t), self._pulls(t, rel), self._gathers(t), self._defers(t, anc),
-                     self._sinks(t))
+                     self._sinks(t), self._jumps(t, anc))
+
+    def _jumps(self, t: CollectiveTiming, anc: int) -> Iterator[np.ndarray]:
+        """A lone collective that queues behind units of its group issued before it, issued just
+        before one of them instead (the latest first, up to JUMP_UNITS), with its ancestors between
+        the two issues.
+
+        Every dependency of an ancestor is an ancestor, so the moved ops (in their order) find
+        their inputs before them, and what stays keeps its own; in the fixed mode no compute
+        ancestor may pass other compute. The group's queue order changes: ``t`` runs first and the
+        units it passes start later by its runtime (the tp_2x4 backward's last small reduce-scatter
+        stalled half a millisecond behind the big ones issued with it)."""
+        if len(t.members) != 1 or t.start_ns <= t.issue_ns:
+            return
+        at, i, p = self.at, t.issue_pos, self.problem
+        ahead = sorted((u for u in self.queued if u[1] == t.group and u[0] < i and u[2] > t.issue_ns),
+                       reverse=True)[:JUMP_UNITS]
+        mask = bit_mask(anc, len(p.ops))
+        for q, _, _ in ahead:
+            seg = at[q:i]
+            moved = mask[seg]
+            if self.sync[seg[moved]].any():  # a wait or another issue would move: not this move
+                continue
+            if self.compute is not None and self.compute[seg[moved]].any() and self.compute[seg[~moved]].any():
+                continue
+            yield np.concatenate((at[:q], seg[moved], at[i:i + 1], seg[~moved], at[i + 1:]))
 
     def _merges(self, t: CollectiveTiming) -> Iterator[np.ndarray]:
         """The wait of each later stalled unit issued before ``t``'s wait, just before ``t``'s wait.

@@ -221,6 +221,12 @@ def _concave_minorant(curve, members: list) -> tuple[float, list[tuple[float, fl
     return lam, lines
 
 
+def _minorant_at(conc: tuple[float, list[tuple[float, float]]], x: float) -> float:
+    """``g(x)`` for ``conc = (lam, lines)`` from :func:`_concave_minorant`."""
+    lam, lines = conc
+    return lam * min(a + b * x for a, b in lines)
+
+
 def _comm_lb_fn(problem: ScheduleProblem, group: str, kind, members: list):
     """``(f, s)``: ``f(count, bytes)`` is a lower bound on running ``count`` collectives of ``bytes`` in total, bucketed
     any way. Two valid arguments, the larger wins: with a concave minorant ``g`` (subadditive
@@ -246,8 +252,7 @@ def _comm_lb_fn(problem: ScheduleProblem, group: str, kind, members: list):
         ks = np.arange(1, count + 1, dtype=float)
         best = float(np.min(ks * _eval_pl(hull, size_bytes / ks)))
         if conc is not None:
-            lam, lines = conc
-            best = max(best, lam * min(a + b * size_bytes for a, b in lines))
+            best = max(best, _minorant_at(conc, size_bytes))
         return best
 
     def one(sizes: np.ndarray) -> np.ndarray:  # lb(1, each size), vectorized

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from .bounds import _budget_prices, _concave_minorant
+from .bounds import _budget_prices, _concave_minorant, _minorant_at
 from .memory_cuts import bucket_size_caps
 from .problem import Op, ScheduleProblem
 
@@ -82,10 +82,9 @@ def set_chords(problem: ScheduleProblem, key: tuple, members: list[Op],
     sizes = [float(m.collective.size_bytes) for m in members if m.collective.size_bytes > 0]  # type: ignore[union-attr]
     if conc is None or not sizes:
         return []
-    lam, lines = conc
 
     def g(x: float) -> float:
-        return lam * min(a + b * x for a, b in lines)
+        return _minorant_at(conc, x)
 
     total = sum(sizes)
     knots = [0.0]

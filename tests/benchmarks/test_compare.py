@@ -354,7 +354,7 @@ def test_the_offline_row_runs_only_where_the_hidden_target_fails(zoo: ZooGraph, 
     assert off.result.peak_memory_bytes <= report.rows[0].result.peak_memory_bytes
     assert off.bound_ns == report.budget_bound_ns
     (note,) = [n for n in report.notes if n.startswith("`offline free 0.05s+1x0.05s`: solve 0.05 s: ")]
-    assert "round 0: " in note
+    assert "round 0 (radius 8): " in note  # the offline rounds widen up to OFFLINE_MAX_RADIUS
 
 
 def test_the_summary_gives_the_offline_rows_verdict_after_the_online_ones() -> None:
