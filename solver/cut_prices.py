@@ -16,6 +16,7 @@ Why not :func:`.bounds._comm_of` alone: it needs the set, and here the set is th
 
 from __future__ import annotations
 
+import functools
 import math
 
 from .bounds import _budget_prices, _concave_minorant, _minorant_at
@@ -82,10 +83,7 @@ def set_chords(problem: ScheduleProblem, key: tuple, members: list[Op],
     sizes = [float(m.collective.size_bytes) for m in members if m.collective.size_bytes > 0]  # type: ignore[union-attr]
     if conc is None or not sizes:
         return []
-
-    def g(x: float) -> float:
-        return _minorant_at(conc, x)
-
+    g = functools.partial(_minorant_at, conc)
     total = sum(sizes)
     knots = [0.0]
     x = min(sizes)
